@@ -1,0 +1,93 @@
+"""What a caller asks for (Request, SamplingParams, SpecConfig) and the engine's per-request state."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+SPEC_METHODS = ("none", "mtp", "ngram")
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0        # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0                  # 0 means no top-k cut
+    max_tokens: int = 256
+    seed: int | None = None
+
+    def problem(self) -> str | None:
+        """A sentence saying what to fix, or None when the settings are possible."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            return f"max_tokens must be a whole number of at least 1 (got {self.max_tokens!r})."
+        if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0):
+            return f"temperature must be between 0 and 100 (got {self.temperature!r}); 0 means greedy."
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            return f"top_p must be in (0, 1] (got {self.top_p!r})."
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            return f"top_k must be 0 (off) or a positive whole number (got {self.top_k!r})."
+        if self.seed is not None and not isinstance(self.seed, int):
+            return f"seed must be a whole number (got {self.seed!r})."
+        return None
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: str = "none"
+    num_tokens: int = 3
+
+    def __post_init__(self):
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"Speculation method {self.method!r} is unknown; use one of {', '.join(SPEC_METHODS)}.")
+        if not (isinstance(self.num_tokens, int) and 1 <= self.num_tokens <= 8):
+            raise ValueError(f"num_tokens must be between 1 and 8 (got {self.num_tokens!r}).")
+
+
+@dataclass
+class Request:
+    messages: list[dict] | None = None
+    prompt_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    reasoning_effort: float | None = None
+
+
+class Sequence:
+    """One admitted request as the scheduler and runner see it."""
+
+    def __init__(self, request: Request, prompt_ids: list[int], eos_ids: frozenset[int]):
+        self.request = request
+        self.request_id = request.request_id
+        self.sampling = request.sampling
+        self.prompt_len = len(prompt_ids)
+        self.token_ids = list(prompt_ids)          # prompt, then generated tokens
+        self.num_computed = 0                      # tokens whose K/V and conv state are in the cache
+        self.block_tables: dict[str, list[int | None]] = {}   # per group; None where a window block was freed
+        self.block_hashes: list[bytes] = []        # chain hashes of full blocks of token_ids
+        self.conv_slot: int | None = None
+        self.num_cached_prompt = 0                 # prompt tokens found in the prefix cache
+        self.eos_ids = eos_ids
+        self.generator = torch.Generator()
+        self.generator.manual_seed(request.sampling.seed if request.sampling.seed is not None
+                                   else torch.seed() & 0x7FFF_FFFF)
+        self.num_steps = 0
+        self.finish_reason: str | None = None
+
+    def media_key(self, block_index: int, block_size: int) -> bytes:
+        """Content hash of media behind the block's placeholder tokens (b"" for text)."""
+        return b""
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens still to feed through the model before the next sample."""
+        return len(self.token_ids) - self.num_computed
