@@ -246,6 +246,7 @@ class NativeEngine:
     def _ensure_thread(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
+                self._closed = False
                 self._thread = threading.Thread(target=self._loop, name="inkling-engine", daemon=True)
                 self._thread.start()
 
@@ -302,6 +303,7 @@ class NativeEngine:
             yield event
 
     def close(self) -> None:
+        """Stop the stream thread (a later stream starts it again)."""
         self._closed = True
         self._wake.set()
         if self._thread is not None:

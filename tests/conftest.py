@@ -28,10 +28,12 @@ def checkpoints(tmp_path_factory):
 
 
 def run_engine(engine, requests, arrival_steps=None):
-    """Drive engine.step() by hand; request i joins at step arrival_steps[i]. Returns {id: (tokens, events)}."""
+    """Drive engine.step() by hand; request i joins at step arrival_steps[i].
+    Returns {id: (tokens, events)} plus "metrics": the engine-wide Metrics events."""
     from backend.events import Error, Finished, Step
     arrival_steps = arrival_steps or [0] * len(requests)
     out = {r.request_id: ([], []) for r in requests}
+    out["metrics"] = []
     step = 0
     pending = sorted(zip(arrival_steps, range(len(requests))))
     while pending or engine.has_work():
@@ -40,7 +42,9 @@ def run_engine(engine, requests, arrival_steps=None):
             for e in engine.add_request(requests[i]):
                 out[e.request_id][1].append(e)
         for e in engine.step():
-            if hasattr(e, "request_id"):
+            if not hasattr(e, "request_id"):
+                out["metrics"].append(e)
+            else:
                 out[e.request_id][1].append(e)
                 if isinstance(e, Step):
                     out[e.request_id][0].extend(e.emitted)

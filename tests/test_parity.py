@@ -75,11 +75,20 @@ def test_text_only_checkpoint_with_transformers_names(checkpoints):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_bfloat16_stays_close_to_float32_reference(checkpoints, device):
-    """bf16 weights and activations: logits within 0.1 of the fp32 reference (bf16 keeps 8 bits of
-    mantissa, ~0.4% per op; over four layers the logit error measured here stays below 0.05)."""
-    path, model = checkpoints("logscale_mixed")
-    prompt = list(range(1, 30))
-    prefill, ref_tokens, _ = reference_greedy(model, prompt, 1)
-    rows, tokens = engine_greedy(load_engine(str(path), device=device, dtype="bfloat16"), prompt, 1)
-    torch.testing.assert_close(rows[0], prefill, atol=0.1, rtol=0)
+@pytest.mark.parametrize("name", list(TEXT_CONFIGS))
+def test_bfloat16_error_no_worse_than_transformers_own(checkpoints, name, device):
+    """bf16 has no exact reference: transformers in bf16 itself strays from fp32. The engine in bf16
+    must stray no further on average than 1.5x that, plus 1e-3 (a quarter bf16 ulp of these logits).
+    The mean, not the max: a near-tie in top-1 routing may flip one token's expert in either model,
+    which moves that one row by ~0.1 (seen on all_sliding, where each token has one expert)."""
+    from transformers import InklingForConditionalGeneration
+    path, model = checkpoints(name)
+    prompt = list(range(1, 60))
+    fp32, _, _ = reference_greedy(model, prompt, 1)
+    ref_bf16 = InklingForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+    bf16, _, _ = reference_greedy(ref_bf16, prompt, 1)
+    rows, _ = engine_greedy(load_engine(str(path), device=device, dtype="bfloat16"), prompt, 1)
+    ref_error = float((bf16.float() - fp32).abs().mean())
+    our_error = float((rows[0] - fp32).abs().mean())
+    print(name, device, "mean abs error vs fp32: engine", our_error, "transformers", ref_error)
+    assert our_error <= 1.5 * ref_error + 1e-3, (our_error, ref_error)
