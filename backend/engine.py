@@ -65,6 +65,7 @@ class NativeEngine:
         self.config: ModelConfig = load_config(self.model_dir)
         weights, self.side_weights = load_weights(self.model_dir, self.config, self.dtype, self.device)
         self.model = InklingTextModel(self.config, weights)
+        self.num_text_params = sum(t.numel() for t in weights.values())
         self.tokenizer = ChatTokenizer.from_model_dir(self.model_dir)
         cfg = self.config
         groups = tuple(g for g, present in ((FULL, not all(map(cfg.is_sliding, range(cfg.num_layers)))),
