@@ -86,6 +86,11 @@ def parse_config(raw: dict) -> ModelConfig:
             f"config.json describes a model of type {model_type!r}; this engine runs Inkling checkpoints "
             f"(model_type {' or '.join(SUPPORTED_MODEL_TYPES)}). Point --model at an Inkling checkpoint.")
     is_mm = model_type == "inkling_mm_model"
+    quant = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", quant.get("format", "?")) if isinstance(quant, dict) else quant
+        raise ConfigError(f"config.json describes a quantized checkpoint ({method}); the native engine loads "
+                          "float32/bfloat16 weights only. Use a bf16 checkpoint, or the vLLM backend.")
     text = dict(raw["text_config"]) if is_mm else dict(raw)
     if is_mm and not isinstance(raw.get("text_config"), dict):
         raise ConfigError("config.json of type inkling_mm_model has no `text_config` block; add it.")

@@ -135,6 +135,15 @@ def test_config_of_another_architecture(tmp_path):
         load_engine(str(model))
 
 
+def test_quantized_checkpoint_is_refused_by_name(tmp_path):
+    model = copy_tiny(tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="quantized checkpoint \\(modelopt\\)"):
+        load_engine(str(model))
+
+
 def test_config_that_is_not_json(tmp_path):
     model = copy_tiny(tmp_path)
     (model / "config.json").write_text("{ nope")
