@@ -66,6 +66,10 @@ class ModelConfig:
     def is_sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == "hybrid_sliding"
 
+    def is_mtp_sliding(self, position: int) -> bool:
+        """Whether the MTP depth used at draft position `position` (depths reused cyclically) is sliding."""
+        return self.num_mtp_layers > 0 and (position % self.num_mtp_layers) in self.mtp_local_layer_ids
+
     def attn_shape(self, sliding: bool) -> tuple[int, int, int]:
         """(heads, kv_heads, head_dim) of a sliding or full layer."""
         if sliding:

@@ -20,13 +20,15 @@ from .config import ModelConfig, load_config
 from .events import Error, Event, Finished, Metrics, Started, Step
 from .loader import load_weights
 from .model import InklingTextModel, KVCache
+from .mtp import MTP_GROUP, MtpHeads
 from .request import Request, Sequence, SpecConfig
-from .runner import ModelRunner
-from .sampling import sample_token
-from .scheduler import Scheduler
+from .runner import ModelRunner, StepRows
+from .scheduler import ScheduledSeq, Scheduler
+from .speculation import SpecDecodingStats, propose_ngram, verify
 from .tokenizer import ChatTokenizer, IncrementalDetokenizer
 
 MAX_TOKENS_LIMIT = 1 << 20
+MAX_SPEC_TOKENS = 8
 
 
 class RequestError(ValueError):
@@ -44,8 +46,8 @@ class _Live:
 
 
 class NativeEngine:
-    capabilities = {"per_token_drafts": True, "draft_probabilities": False, "spec_methods": ["none"],
-                    "prefix_caching": True, "modalities": ["text"]}
+    capabilities = {"per_token_drafts": True, "draft_probabilities": False, "prefix_caching": True,
+                    "modalities": ["text"]}
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
                  spec: SpecConfig | None = None, *, block_size: int = 16, num_blocks: int | None = None,
@@ -59,22 +61,31 @@ class NativeEngine:
             raise ValueError(f"dtype {dtype!r} is not supported; use float32 or bfloat16.")
         self.dtype = getattr(torch, dtype)
         self.spec = spec or SpecConfig()
-        if self.spec.method != "none":
-            raise ValueError(f"Speculation method {self.spec.method!r} is not available in this engine yet; "
-                             "use method 'none'.")
         self.config: ModelConfig = load_config(self.model_dir)
         weights, self.side_weights = load_weights(self.model_dir, self.config, self.dtype, self.device)
         self.model = InklingTextModel(self.config, weights)
-        self.num_text_params = sum(t.numel() for t in weights.values())
+        self.mtp = MtpHeads(self.config, self.model, weights) if "mtp.0.input_proj" in weights else None
+        self.num_text_params = sum(t.numel() for n, t in weights.items() if not n.startswith("mtp."))
+        self.capabilities = {**self.capabilities,
+                             "spec_methods": ["none", "ngram"] + (["mtp"] if self.mtp else []),
+                             "num_mtp_depths": self.config.num_mtp_layers if self.mtp else 0}
+        problem = self._spec_problem(self.spec)
+        if problem:
+            raise ValueError(problem)
         self.tokenizer = ChatTokenizer.from_model_dir(self.model_dir)
         cfg = self.config
         groups = tuple(g for g, present in ((FULL, not all(map(cfg.is_sliding, range(cfg.num_layers)))),
                                             (SLIDING, any(map(cfg.is_sliding, range(cfg.num_layers))))) if present)
+        num_mtp_positions = MAX_SPEC_TOKENS if self.mtp else 0
         if num_blocks is None:
-            num_blocks = max(8, kv_cache_bytes // KVCache.bytes_per_block(cfg, block_size, self.dtype))
-        self.pool = BlockPool(num_blocks, block_size, groups)
-        self.scheduler = Scheduler(self.pool, groups, cfg.sliding_window, max_num_seqs, max_batched_tokens)
-        self.runner = ModelRunner(cfg, self.model, self.pool, self.scheduler, max_num_seqs, self.dtype, self.device)
+            num_blocks = max(8, kv_cache_bytes // KVCache.bytes_per_block(cfg, block_size, self.dtype,
+                                                                           num_mtp_positions))
+        self.pool = BlockPool(num_blocks, block_size, groups + ((MTP_GROUP,) if self.mtp else ()))
+        self.scheduler = Scheduler(self.pool, groups, cfg.sliding_window, max_num_seqs, max_batched_tokens,
+                                   has_mtp=self.mtp is not None)
+        self.runner = ModelRunner(cfg, self.model, self.mtp, self.pool, self.scheduler, max_num_seqs, self.dtype,
+                                  self.device, num_mtp_positions)
+        self.spec_stats = SpecDecodingStats()
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
                                  self.scheduler.max_tokens_per_sequence())
         self.eos_ids = frozenset(cfg.eos_token_ids) | (self.tokenizer.stop_ids if self.tokenizer else frozenset())
@@ -105,8 +116,17 @@ class NativeEngine:
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
 
+    def _spec_problem(self, spec: SpecConfig) -> str | None:
+        if not isinstance(spec, SpecConfig):
+            return "spec must be a SpecConfig (method none, mtp or ngram, num_tokens 1..8)."
+        if spec.method == "mtp" and self.mtp is None:
+            return (f"{self.model_dir.name} has no MTP draft heads (model.mtp.* tensors), so method 'mtp' cannot "
+                    "run; use 'ngram' or 'none'.")
+        return None
+
     def _validate(self, request: Request) -> list[int]:
-        problem = request.sampling.problem()
+        problem = self._spec_problem(request.spec) if request.spec is not None else None
+        problem = problem or request.sampling.problem()
         if problem:
             raise RequestError(problem)
         ids = self.prompt_ids(request)
@@ -137,7 +157,7 @@ class NativeEngine:
                 ids = self._validate(request)
             except RequestError as exc:
                 return [Error(request.request_id, str(exc))]
-            seq = Sequence(request, ids, self.eos_ids)
+            seq = Sequence(request, ids, self.eos_ids, request.spec or self.spec)
             detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
             self._live[request.request_id] = _Live(seq, detok)
             self.scheduler.add(seq)
@@ -155,7 +175,7 @@ class NativeEngine:
         return self.scheduler.has_work() or bool(self._aborts)
 
     def step(self) -> list[Event]:
-        """One engine step: schedule, forward, sample, commit. Returns the events it produced."""
+        """One engine step: schedule, forward, verify/sample, commit, draft. Returns its events."""
         with self._lock:
             events: list[Event] = []
             for request_id in self._aborts:
@@ -166,41 +186,85 @@ class NativeEngine:
             if not scheduled:
                 return events
             try:
-                logits = self.runner.execute(scheduled)
+                events += self._run(scheduled)
             except Exception as exc:   # a failing step must not strand requests
                 for item in scheduled:
-                    events.append(self._fail(self._live[item.seq.request_id], f"The engine step failed: {exc}"))
-                return events
-            now = time.time()
-            for item in scheduled:
-                seq = item.seq
-                seq.num_computed += item.num_tokens
-                self.scheduler.register_full_blocks(seq)
-                if item.samples:
-                    events += self._commit(self._live[seq.request_id], logits[seq.request_id], now)
-            events.append(self._metrics(now))
+                    if item.seq.request_id in self._live:
+                        events.append(self._fail(self._live[item.seq.request_id], f"The engine step failed: {exc}"))
+            events.append(self._metrics(time.time()))
             return events
 
-    def _commit(self, live: _Live, logits: torch.Tensor, now: float) -> list[Event]:
+    def _run(self, scheduled: list[ScheduledSeq]) -> list[Event]:
+        hidden, logits = self.runner.execute(scheduled)
+        now = time.time()
+        verdicts, kept = {}, []
+        for item in scheduled:
+            seq = item.seq
+            n = item.num_tokens
+            if item.samples and bool(torch.isfinite(logits[seq.request_id]).all()):
+                drafted = seq.draft_ids[:item.num_drafts]
+                probs = seq.draft_probs[:item.num_drafts] if seq.draft_probs is not None else None
+                emitted, accepted = verify(logits[seq.request_id], drafted, probs, seq.sampling, seq.generator)
+                verdicts[seq.request_id] = (drafted, emitted, accepted)
+                n = item.num_tokens - item.num_drafts + accepted
+            kept.append(n)
+        self.runner.commit_conv(scheduled, kept)
+        events, steps, row = [], [], 0
+        for item, n in zip(scheduled, kept):
+            seq = item.seq
+            start = seq.num_computed
+            seq.num_computed += n
+            seq.draft_ids, seq.draft_probs = [], None
+            self.scheduler.register_full_blocks(seq)
+            live = self._live[seq.request_id]
+            if item.samples and seq.request_id not in verdicts:
+                events.append(self._fail(live, "The model produced NaN or infinite logits for this request; it was "
+                                               "stopped (try float32, or a shorter prompt)."))
+            elif item.samples:
+                events += self._emit(live, *verdicts[seq.request_id], now)
+            if seq.request_id in self._live:
+                steps.append(StepRows(seq, row, start, seq.num_computed, drafting=item.samples))
+            row += item.num_tokens
+        mtp_drafts = self.runner.propose_mtp([s for s in steps if s.seq.uses_mtp], hidden)
+        self.runner.record_hidden(steps, hidden)
+        for step in steps:
+            seq = step.seq
+            room = min(seq.spec.num_tokens, seq.sampling.max_tokens - seq.num_generated - 1,
+                       self.max_model_len - len(seq.token_ids) - 1)
+            if not step.drafting or room <= 0:
+                continue
+            if seq.spec.method == "ngram":
+                seq.draft_ids = propose_ngram(seq.token_ids, room, seq.spec.ngram_min, seq.spec.ngram_max,
+                                              seq.spec.ngram_lookback)
+            elif seq.request_id in mtp_drafts:
+                drafts = mtp_drafts[seq.request_id]
+                seq.draft_ids = drafts.draft_ids[:room]
+                seq.draft_probs = drafts.probs[:room] if drafts.probs is not None else None
+        return events
+
+    def _emit(self, live: _Live, drafted: list[int], emitted: list[int], accepted: int, now: float) -> list[Event]:
+        """Commit a verification's tokens, stopping at a stop token or the length limit."""
         seq = live.seq
-        if not bool(torch.isfinite(logits).all()):
-            return [self._fail(live, "The model produced NaN or infinite logits for this request; it was stopped "
-                                     "(try float32, or a shorter prompt).")]
-        token = sample_token(logits, seq.sampling, seq.generator)
-        seq.token_ids.append(token)
         if live.first_token is None:
             live.first_token = time.perf_counter()
-        reason = None
-        if token in seq.eos_ids:
-            reason = "stop"
-        elif seq.num_generated >= seq.sampling.max_tokens or len(seq.token_ids) >= self.max_model_len:
-            reason = "length"
+        seq.stats.observe(len(drafted), accepted)
+        self.spec_stats.observe(len(drafted), accepted)
+        reason, kept = None, []
+        for token in emitted:
+            seq.token_ids.append(token)
+            kept.append(token)
+            if token in seq.eos_ids:
+                reason = "stop"
+            elif seq.num_generated >= seq.sampling.max_tokens or len(seq.token_ids) >= self.max_model_len:
+                reason = "length"
+            if reason:
+                break
         text = ""
         if live.detok:
-            text = live.detok.push([token]) + (live.detok.flush() if reason else "")
-        events: list[Event] = [Step(seq.request_id, seq.num_steps, [], 0, [token], text, now)]
+            text = live.detok.push(kept) + (live.detok.flush() if reason else "")
+        events: list[Event] = [Step(seq.request_id, seq.num_steps, drafted, accepted, kept, text, now)]
         seq.num_steps += 1
-        self._emitted.append((now, 1))
+        self._emitted.append((now, len(kept)))
         if reason:
             events.append(self._finish(live, reason))
         return events
@@ -216,7 +280,8 @@ class NativeEngine:
         return Finished(seq.request_id, reason,
                         usage={"prompt_tokens": seq.prompt_len, "completion_tokens": generated,
                                "cached_tokens": seq.num_cached_prompt},
-                        spec_summary={"method": self.spec.method},
+                        spec_summary={"method": seq.spec.method, "num_spec_tokens": seq.spec.num_tokens,
+                                      **seq.stats.to_dict()},
                         timings={"ttft_s": ttft, "decode_s": decode_s, "total_s": end - live.arrival,
                                  "tokens_per_s": (generated - 1) / decode_s if generated > 1 and decode_s > 0
                                  else None})
@@ -241,7 +306,7 @@ class NativeEngine:
               "prefix_hit_rate": self.pool.num_prefix_hit_blocks / queried if queried else 0.0,
               "preemptions": self.scheduler.num_preemptions}
         return Metrics(now, rate, len(self.scheduler.running), len(self.scheduler.waiting), kv,
-                       {"method": self.spec.method})
+                       {"method": self.spec.method, **self.spec_stats.to_dict()})
 
     # -- streaming --------------------------------------------------------------------------------
     def _ensure_thread(self) -> None:

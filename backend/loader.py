@@ -89,8 +89,11 @@ _TOP_KEYS = {
     "model.norm.weight": "norm",
 }
 _LAYER_PREFIX = re.compile(r"^(model\.llm\.layers|model\.language_model\.layers|model\.layers)\.(\d+)\.(.+)$")
-# tensors that belong to later stages (MTP heads, vision and audio towers): kept aside, by their names
-_SIDE_PREFIXES = ("model.mtp.", "mtp.", "model.visual.", "model.vision_tower.", "model.audio.", "model.audio_tower.")
+# MTP depths: per-depth extras, and a decoder block under `transformer_block` (original names)
+_MTP_BLOCK = re.compile(r"^model\.mtp\.layers\.(\d+)\.transformer_block\.(.+)$")
+_MTP_EXTRA = re.compile(r"^model\.mtp\.layers\.(\d+)\.(hidden_norm|embed_norm|input_proj)\.weight$")
+# tensors that belong to the vision and audio towers: kept aside, by their names
+_SIDE_PREFIXES = ("model.visual.", "model.vision_tower.", "model.audio.", "model.audio_tower.")
 # computed in fp32 whatever the model dtype (INKLING.md: fp32 islands)
 _FP32 = {"conv", "fp32"}
 
@@ -112,6 +115,19 @@ def engine_name(key: str) -> tuple[tuple[str, ...], str] | None:
     """Map a checkpoint key to engine tensor name(s) and conversion, or None for an unknown key."""
     if key in _TOP_KEYS:
         return (_TOP_KEYS[key],), "copy"
+    if key == "model.mtp.chain_norm.weight":
+        return ("mtp.chain_norm",), "copy"
+    match = _MTP_EXTRA.match(key)
+    if match:
+        return (f"mtp.{match.group(1)}.{match.group(2)}",), "copy"
+    match = _MTP_BLOCK.match(key)
+    if match:
+        entry = _LAYER_KEYS_ORIGINAL.get(match.group(2))
+        if entry is None:
+            return None
+        names, how = entry
+        names = (names,) if isinstance(names, str) else names
+        return tuple(f"mtp.{match.group(1)}.block.{n}" for n in names), how
     match = _LAYER_PREFIX.match(key)
     if not match:
         return None
@@ -124,19 +140,26 @@ def engine_name(key: str) -> tuple[tuple[str, ...], str] | None:
     return tuple(f"layers.{match.group(2)}.{n}" for n in names), how
 
 
-def expected_names(cfg: ModelConfig) -> set[str]:
+def _layer_names(p: str, dense: bool) -> set[str]:
+    names = {p + n for n in ("attn_norm", "mlp_norm", "attn_sconv", "mlp_sconv")}
+    names |= {p + "attn." + n for n in ("wq", "wk", "wv", "wr", "wo", "q_norm", "k_norm", "k_sconv", "v_sconv",
+                                         "rel_proj")}
+    if dense:
+        return names | {p + "mlp." + n for n in ("w_gate", "w_up", "w_down", "global_scale")}
+    return names | {p + "mlp." + n for n in ("router", "router_bias", "router_scale", "experts_gate", "experts_up",
+                                              "experts_down", "shared_gate", "shared_up", "shared_down")}
+
+
+def expected_names(cfg: ModelConfig, with_mtp: bool) -> set[str]:
     names = {"embed", "embed_norm", "norm", "unembed"}
     for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        names |= {p + n for n in ("attn_norm", "mlp_norm", "attn_sconv", "mlp_sconv")}
-        names |= {p + "attn." + n for n in ("wq", "wk", "wv", "wr", "wo", "q_norm", "k_norm", "k_sconv",
-                                             "v_sconv", "rel_proj")}
-        if cfg.mlp_layer_types[i] == "dense":
-            names |= {p + "mlp." + n for n in ("w_gate", "w_up", "w_down", "global_scale")}
-        else:
-            names |= {p + "mlp." + n for n in ("router", "router_bias", "router_scale", "experts_gate",
-                                                "experts_up", "experts_down", "shared_gate", "shared_up",
-                                                "shared_down")}
+        names |= _layer_names(f"layers.{i}.", cfg.mlp_layer_types[i] == "dense")
+    if with_mtp:
+        for k in range(cfg.num_mtp_layers):
+            names |= _layer_names(f"mtp.{k}.block.", dense=True)   # MTP depths always have a dense MLP
+            names |= {f"mtp.{k}.{n}" for n in ("hidden_norm", "embed_norm", "input_proj")}
+        if cfg.chain_hidden_post_norm:
+            names.add("mtp.chain_norm")
     return names
 
 
@@ -175,7 +198,9 @@ def _open(path: Path):
 
 def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device
                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Return (text weights by engine name, side weights by checkpoint key: MTP, vision, audio)."""
+    """Return (text and MTP weights by engine name, side weights by checkpoint key: vision, audio).
+    A config that declares MTP depths whose checkpoint has no `model.mtp.*` tensors loads without them
+    (transformers does the same); the engine then reports MTP as unavailable."""
     model_dir = Path(model_dir)
     files = checkpoint_files(model_dir)
     weights: dict[str, torch.Tensor] = {}
@@ -207,12 +232,17 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, de
                 for name, part in zip(names, _convert(tensor, how)):
                     weights[name] = part.to(device=device, dtype=target)
                 del tensor
-    missing = sorted(expected_names(cfg) - weights.keys())
+    with_mtp = any(name.startswith("mtp.") for name in weights)
+    if with_mtp and cfg.num_mtp_layers == 0:
+        raise CheckpointError("The checkpoint holds MTP tensors (model.mtp.*) but config.json declares no MTP "
+                              "depths; add mtp_config.num_nextn_predict_layers (or num_mtp_layers).")
+    expected = expected_names(cfg, with_mtp)
+    missing = sorted(expected - weights.keys())
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"The checkpoint in {model_dir} lacks {missing[0]!r}{more}, which config.json "
                               "requires; the weights and config.json do not belong together.")
-    extra = sorted(weights.keys() - expected_names(cfg))
+    extra = sorted(weights.keys() - expected)
     if extra:
         raise CheckpointError(f"The checkpoint holds {extra[0]!r}, which config.json does not describe "
                               "(check mlp_layer_types and num_hidden_layers).")

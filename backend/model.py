@@ -37,9 +37,15 @@ class ForwardBatch:
     write_slots: dict[str, torch.Tensor]    # per group, [T] cache slot of each new token
     conv_slots: torch.Tensor                # [B] each sequence's conv-state slot
     conv_window: torch.Tensor               # [T, K] rows of cat(states [B*(K-1)], x [T]) feeding each token
-    conv_final: torch.Tensor                # [B, K-1] rows that become each sequence's new conv state
+    candidate_rows: torch.Tensor            # [N, K-1] conv states a sequence may end this step with
+    candidate_slots: torch.Tensor           # [N] where they wait (slot * MAX_CANDIDATES + i) until commit
     snapshot_rows: torch.Tensor             # [S, K-1] conv states at block boundaries (prefix reuse)
     snapshot_slots: torch.Tensor            # [S] where those snapshots go
+    position_offset: int = 0                # added to positions for log scaling (MTP depth k runs k+1 ahead)
+
+
+# A step that verifies k drafts may end a sequence after any of its k+1 last tokens.
+MAX_CANDIDATES = 9
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,11 +56,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class ConvState:
-    """Short-convolution state of one conv: the last K-1 inputs per running sequence, plus snapshots
-    at block boundaries so a reused prefix resumes with the right state. fp32, as the reference."""
+    """Short-convolution state of one conv: the last K-1 inputs per running sequence; the candidate
+    states of this step (one per place a speculative step may stop), committed once acceptance is
+    known; and snapshots at block boundaries so a reused prefix resumes with the right state.
+    fp32, as the reference."""
 
     def __init__(self, channels: int, kernel: int, num_seq_slots: int, num_blocks: int, device):
         self.running = torch.zeros(num_seq_slots, kernel - 1, channels, dtype=torch.float32, device=device)
+        self.candidates = torch.zeros(num_seq_slots * MAX_CANDIDATES, kernel - 1, channels, dtype=torch.float32,
+                                      device=device)
         self.snapshots = torch.zeros(num_blocks, kernel - 1, channels, dtype=torch.float32, device=device)
 
 
@@ -65,82 +75,99 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, state: ConvState, batch: F
     rows = torch.cat([previous, x32])
     windows = rows[batch.conv_window]                                  # [T, K, C]
     y = (windows * weight.t()).sum(1)
-    state.running[batch.conv_slots] = rows[batch.conv_final]
+    state.candidates[batch.candidate_slots] = rows[batch.candidate_rows]
     if batch.snapshot_slots.numel():
         state.snapshots[batch.snapshot_slots] = rows[batch.snapshot_rows]
     return (x32 + y).to(x.dtype)
 
 
+@dataclass
+class LayerCache:
+    k: torch.Tensor                 # [num_blocks * block_size, kv_heads, head_dim]
+    v: torch.Tensor
+    conv: list[ConvState]           # k, v, attention output, MLP output
+
+
 class KVCache:
-    """Paged K/V per layer ([num_blocks * block_size, kv_heads, head_dim]) and the four conv states."""
+    """Paged K/V and the four conv states of every layer: the backbone's, then one per MTP draft
+    position (virtual depth) the engine may run."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, num_seq_slots: int,
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device, num_mtp_positions: int = 0):
         self.block_size = block_size
-        self.k, self.v, self.conv = [], [], []
-        hidden, kernel = cfg.hidden_size, cfg.conv_kernel_size
-        for i in range(cfg.num_layers):
-            _, kv_heads, head_dim = cfg.attn_shape(cfg.is_sliding(i))
+
+        def layer(sliding: bool) -> LayerCache:
+            _, kv_heads, head_dim = cfg.attn_shape(sliding)
             shape = (num_blocks * block_size, kv_heads, head_dim)
-            self.k.append(torch.zeros(shape, dtype=dtype, device=device))
-            self.v.append(torch.zeros(shape, dtype=dtype, device=device))
-            widths = (kv_heads * head_dim, kv_heads * head_dim, hidden, hidden)   # k, v, attn out, mlp out
-            self.conv.append([ConvState(c, kernel, num_seq_slots, num_blocks, device) for c in widths])
+            widths = (kv_heads * head_dim, kv_heads * head_dim, cfg.hidden_size, cfg.hidden_size)
+            return LayerCache(torch.zeros(shape, dtype=dtype, device=device),
+                              torch.zeros(shape, dtype=dtype, device=device),
+                              [ConvState(c, cfg.conv_kernel_size, num_seq_slots, num_blocks, device) for c in widths])
+        self.layers = [layer(cfg.is_sliding(i)) for i in range(cfg.num_layers)]
+        self.mtp_layers = [layer(cfg.is_mtp_sliding(j)) for j in range(num_mtp_positions)]
 
     @staticmethod
-    def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype, num_mtp_positions: int = 0) -> int:
         itemsize = torch.empty(0, dtype=dtype).element_size()
+        sliding = [cfg.is_sliding(i) for i in range(cfg.num_layers)]
+        sliding += [cfg.is_mtp_sliding(j) for j in range(num_mtp_positions)]
         total = 0
-        for i in range(cfg.num_layers):
-            _, kv_heads, head_dim = cfg.attn_shape(cfg.is_sliding(i))
+        for is_sliding in sliding:
+            _, kv_heads, head_dim = cfg.attn_shape(is_sliding)
             total += 2 * block_size * kv_heads * head_dim * itemsize
             total += (cfg.conv_kernel_size - 1) * (2 * kv_heads * head_dim + 2 * cfg.hidden_size) * 4
         return total
 
+    @staticmethod
+    def commit_conv(layers: list[LayerCache], slots: torch.Tensor, chosen: torch.Tensor) -> None:
+        """Each sequence keeps the candidate conv state of where its step really ended."""
+        for layer in layers:
+            for state in layer.conv:
+                state.running[slots] = state.candidates[chosen]
+
 
 class Attention:
-    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor]):
-        self.sliding = cfg.is_sliding(layer)
-        self.group = SLIDING if self.sliding else FULL
+    def __init__(self, cfg: ModelConfig, p: str, sliding: bool, w: dict[str, torch.Tensor], group: str | None = None):
+        self.sliding = sliding
+        self.group = group or (SLIDING if sliding else FULL)
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.attn_shape(self.sliding)
         self.window = cfg.sliding_window
         self.extent = cfg.sliding_window if self.sliding else cfg.rel_extent
         self.log_floor = None if self.sliding else cfg.log_scaling_n_floor
         self.log_alpha = cfg.log_scaling_alpha
         self.eps, self.d_rel = cfg.rms_norm_eps, cfg.d_rel
-        p = f"layers.{layer}.attn."
         self.wq, self.wk, self.wv, self.wr, self.wo = (w[p + n] for n in ("wq", "wk", "wv", "wr", "wo"))
         self.q_norm, self.k_norm, self.rel_proj = w[p + "q_norm"], w[p + "k_norm"], w[p + "rel_proj"]
         self.k_sconv, self.v_sconv = w[p + "k_sconv"], w[p + "v_sconv"]
 
-    def __call__(self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 conv: list[ConvState]) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         T = x.shape[0]
         q = rms_norm((x @ self.wq.t()).view(T, self.num_heads, self.head_dim), self.q_norm, self.eps)
-        k = short_conv(x @ self.wk.t(), self.k_sconv, conv[0], batch).view(T, self.num_kv_heads, self.head_dim)
-        v = short_conv(x @ self.wv.t(), self.v_sconv, conv[1], batch).view(T, self.num_kv_heads, self.head_dim)
+        k = short_conv(x @ self.wk.t(), self.k_sconv, cache.conv[0], batch).view(T, self.num_kv_heads, self.head_dim)
+        v = short_conv(x @ self.wv.t(), self.v_sconv, cache.conv[1], batch).view(T, self.num_kv_heads, self.head_dim)
         k = rms_norm(k, self.k_norm, self.eps)
         r = (x @ self.wr.t()).view(T, self.num_heads, self.d_rel)
         slots = batch.write_slots[self.group]
-        k_cache[slots] = k
-        v_cache[slots] = v
+        cache.k[slots] = k
+        cache.v[slots] = v
         out = torch.empty_like(q)
         for seq in batch.seqs:
             rows = slice(seq.row_start, seq.row_start + seq.num_rows)
             keys = seq.keys[self.group]
-            out[rows] = self._attend(q[rows], r[rows], batch.positions[rows], k_cache[keys.slots],
-                                     v_cache[keys.slots], keys.positions)
+            out[rows] = self._attend(q[rows], r[rows], batch.positions[rows], cache.k[keys.slots],
+                                     cache.v[keys.slots], keys.positions, batch.position_offset)
         return out.flatten(1) @ self.wo.t()
 
-    def _attend(self, q, r, q_pos, k, v, k_pos):
-        """q [n, H, d], r [n, H, d_rel], k/v [L, KVH, d] -> [n, H, d]."""
+    def _attend(self, q, r, q_pos, k, v, k_pos, offset: int):
+        """q [n, H, d], r [n, H, d_rel], k/v [L, KVH, d] -> [n, H, d]. The bias needs only distances;
+        log scaling needs true positions, `offset` ahead of the cache positions (MTP depths)."""
         n, L = q.shape[0], k.shape[0]
         distance = q_pos[:, None] - k_pos[None, :]                                  # [n, L]
         table = r @ self.rel_proj                                                   # [n, H, extent]
         index = distance.clamp(0, self.extent - 1)[:, None, :].expand(n, self.num_heads, L)
         bias = table.gather(-1, index).masked_fill(((distance < 0) | (distance >= self.extent))[:, None, :], 0.0)
         if self.log_floor is not None:  # log scaling of q and bias, in fp32
-            tau = 1.0 + self.log_alpha * torch.log(((q_pos + 1).float() / self.log_floor).clamp(min=1.0))
+            tau = 1.0 + self.log_alpha * torch.log(((q_pos + offset + 1).float() / self.log_floor).clamp(min=1.0))
             q = (q.float() * tau[:, None, None]).to(q.dtype)
             bias = (bias.float() * tau[:, None, None]).to(bias.dtype)
         groups = self.num_heads // self.num_kv_heads
@@ -196,17 +223,30 @@ class MoE:
         return out + shared_out.to(x.dtype)
 
 
+class DecoderLayer:
+    """x += sconv_attn(attn(norm(x))); x += sconv_mlp(mlp(norm(x)))."""
+
+    def __init__(self, cfg: ModelConfig, p: str, w: dict[str, torch.Tensor], sliding: bool, dense: bool,
+                 group: str | None = None):
+        self.eps = cfg.rms_norm_eps
+        self.attn_norm, self.mlp_norm = w[p + "attn_norm"], w[p + "mlp_norm"]
+        self.attn_sconv, self.mlp_sconv = w[p + "attn_sconv"], w[p + "mlp_sconv"]
+        self.attn = Attention(cfg, p + "attn.", sliding, w, group)
+        self.mlp = DenseMLP(p + "mlp.", w) if dense else MoE(cfg, p + "mlp.", w)
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
+        h = self.attn(rms_norm(x, self.attn_norm, self.eps), batch, cache)
+        x = x + short_conv(h, self.attn_sconv, cache.conv[2], batch)
+        return x + short_conv(self.mlp(rms_norm(x, self.mlp_norm, self.eps)), self.mlp_sconv, cache.conv[3], batch)
+
+
 class InklingTextModel:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor]):
         self.cfg = cfg
         self.embed_table, self.embed_norm, self.final_norm = w["embed"], w["embed_norm"], w["norm"]
         self.unembed = w["unembed"][:cfg.unpadded_vocab_size]
-        self.layers = []
-        for i in range(cfg.num_layers):
-            p = f"layers.{i}."
-            mlp = DenseMLP(p + "mlp.", w) if cfg.mlp_layer_types[i] == "dense" else MoE(cfg, p + "mlp.", w)
-            self.layers.append((w[p + "attn_norm"], Attention(cfg, i, w), w[p + "attn_sconv"],
-                                w[p + "mlp_norm"], mlp, w[p + "mlp_sconv"]))
+        self.layers = [DecoderLayer(cfg, f"layers.{i}.", w, cfg.is_sliding(i), cfg.mlp_layer_types[i] == "dense")
+                       for i in range(cfg.num_layers)]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return rms_norm(self.embed_table[token_ids], self.embed_norm, self.cfg.rms_norm_eps)
@@ -215,18 +255,12 @@ class InklingTextModel:
     def forward(self, batch: ForwardBatch, cache: KVCache, inputs_embeds: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """Final normed hidden states [T, hidden] for the batch's new tokens, caches updated."""
-        eps = self.cfg.rms_norm_eps
         x = self.embed(batch.token_ids) if inputs_embeds is None else inputs_embeds
-        for i, (attn_norm, attn, attn_sconv, mlp_norm, mlp, mlp_sconv) in enumerate(self.layers):
-            conv = cache.conv[i]
-            h = attn(rms_norm(x, attn_norm, eps), batch, cache.k[i], cache.v[i], conv)
-            x = x + short_conv(h, attn_sconv, conv[2], batch)
-            x = x + short_conv(mlp(rms_norm(x, mlp_norm, eps)), mlp_sconv, conv[3], batch)
-        return rms_norm(x, self.final_norm, eps)
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer(x, batch, layer_cache)
+        return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """muP-divided head, first `unpadded_vocab_size` columns; [N, hidden] -> [N, vocab]."""
         return (hidden / self.cfg.logits_mup_width_multiplier) @ self.unembed.t()
-
-

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .speculation import SpecDecodingStats
+
 SPEC_METHODS = ("none", "mtp", "ngram")
 _ids = itertools.count()
 
@@ -35,14 +37,26 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "none"
-    num_tokens: int = 3
+    method: str = "none"            # "none", "mtp" (the checkpoint's draft heads) or "ngram" (prompt lookup)
+    num_tokens: int = 3             # drafts proposed per step, 1..8
+    ngram_min: int = 1              # ngram: shortest and longest suffix to look up
+    ngram_max: int = 3
+    ngram_lookback: int = 1024      # ngram: how many recent tokens to search
+    mtp_embedding: str = "vllm"     # mtp: "vllm" (backbone-normed token embedding) or "transformers" (raw)
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
             raise ValueError(f"Speculation method {self.method!r} is unknown; use one of {', '.join(SPEC_METHODS)}.")
         if not (isinstance(self.num_tokens, int) and 1 <= self.num_tokens <= 8):
             raise ValueError(f"num_tokens must be between 1 and 8 (got {self.num_tokens!r}).")
+        if not (isinstance(self.ngram_min, int) and isinstance(self.ngram_max, int)
+                and 1 <= self.ngram_min <= self.ngram_max):
+            raise ValueError(f"ngram sizes must satisfy 1 <= ngram_min <= ngram_max (got {self.ngram_min}, "
+                             f"{self.ngram_max}).")
+        if not (isinstance(self.ngram_lookback, int) and self.ngram_lookback >= 2):
+            raise ValueError(f"ngram_lookback must be at least 2 tokens (got {self.ngram_lookback!r}).")
+        if self.mtp_embedding not in ("vllm", "transformers"):
+            raise ValueError(f"mtp_embedding must be 'vllm' or 'transformers' (got {self.mtp_embedding!r}).")
 
 
 @dataclass
@@ -52,12 +66,13 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     reasoning_effort: float | None = None
+    spec: SpecConfig | None = None  # None: the engine's default
 
 
 class Sequence:
     """One admitted request as the scheduler and runner see it."""
 
-    def __init__(self, request: Request, prompt_ids: list[int], eos_ids: frozenset[int]):
+    def __init__(self, request: Request, prompt_ids: list[int], eos_ids: frozenset[int], spec: SpecConfig):
         self.request = request
         self.request_id = request.request_id
         self.sampling = request.sampling
@@ -74,6 +89,13 @@ class Sequence:
                                    else torch.seed() & 0x7FFF_FFFF)
         self.num_steps = 0
         self.finish_reason: str | None = None
+        # speculation
+        self.spec = spec
+        self.draft_ids: list[int] = []             # proposed for the next verification
+        self.draft_probs: torch.Tensor | None = None   # [k, V] distribution each draft came from (None: one-hot)
+        self.mtp_frontier = 0                      # MTP cache entries valid at every draft position
+        self.mtp_first_entry = 0                   # MTP entries before this were never computed (prefix reuse)
+        self.stats = SpecDecodingStats()
 
     def media_key(self, block_index: int, block_size: int) -> bytes:
         """Content hash of media behind the block's placeholder tokens (b"" for text)."""
@@ -89,5 +111,9 @@ class Sequence:
 
     @property
     def num_pending(self) -> int:
-        """Tokens still to feed through the model before the next sample."""
+        """Committed tokens still to feed through the model before the next sample (drafts aside)."""
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def uses_mtp(self) -> bool:
+        return self.spec.method == "mtp"

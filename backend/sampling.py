@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .request import SamplingParams
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .request import SamplingParams
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .block_pool import FULL, SLIDING, BlockPool, chain_hash
+from .mtp import MTP_GROUP
 from .request import Sequence
 
 
@@ -19,12 +20,14 @@ class ScheduledSeq:
     seq: Sequence
     num_tokens: int                 # tokens fed this step, from seq.num_computed
     conv_init: int | None | bool    # False: state carries on; None: start from zeros; int: snapshot block id
-    samples: bool                   # this step reaches the last token, so the next one is sampled
+    samples: bool                   # this step reaches the last committed token, so the next one is sampled
+    num_drafts: int = 0             # of the fed tokens, how many are drafts to verify (the last ones)
 
 
 class Scheduler:
     def __init__(self, pool: BlockPool, groups: tuple[str, ...], sliding_window: int, max_num_seqs: int,
-                 max_batched_tokens: int):
+                 max_batched_tokens: int, has_mtp: bool = False):
+        self.has_mtp = has_mtp
         self.pool = pool
         self.block_size = pool.block_size
         self.groups = groups
@@ -40,15 +43,21 @@ class Scheduler:
     def max_tokens_per_sequence(self) -> int:
         """The longest sequence the pool can ever hold alone."""
         window_blocks = -(-self.window // self.block_size) + 1 + -(-self.max_batched_tokens // self.block_size)
-        if FULL not in self.groups:
+        growing_groups = (FULL in self.groups) + self.has_mtp   # groups whose tables grow with the sequence
+        if not growing_groups:
             return 1 << 62
         spare = self.pool.num_blocks - (window_blocks if SLIDING in self.groups else 0)
-        return max(spare, 0) * self.block_size
+        return max(spare, 0) // growing_groups * self.block_size
 
-    def _first_needed_block(self, group: str, first_pos: int) -> int:
+    def groups_of(self, seq: Sequence) -> tuple[str, ...]:
+        return self.groups + ((MTP_GROUP,) if seq.uses_mtp else ())
+
+    def first_needed_block(self, seq: Sequence, group: str, first_pos: int) -> int:
         """Lowest block index the queries from `first_pos` on still read in this group."""
         if group == SLIDING:
             return max(0, first_pos - self.window + 1) // self.block_size
+        if group == MTP_GROUP:   # MTP entries before a reused prefix's end were never computed
+            return seq.mtp_first_entry // self.block_size
         return 0
 
     # -- queues -----------------------------------------------------------------------------------
@@ -67,7 +76,11 @@ class Scheduler:
                 break
             if seq not in self.running:   # preempted below as a victim
                 continue
-            n = min(seq.num_pending, budget)
+            pending = seq.num_pending
+            n = pending + len(seq.draft_ids)
+            if n > budget:   # no room to verify drafts this step: drop them
+                seq.draft_ids, seq.draft_probs = [], None
+                n = min(pending, budget)
             while not self._grow(seq, n):
                 victim = self.running[-1]
                 self.preempt(victim)
@@ -75,7 +88,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                scheduled.append(ScheduledSeq(seq, n, False, n == seq.num_pending))
+                scheduled.append(ScheduledSeq(seq, n, False, n >= pending, max(0, n - pending)))
                 budget -= n
         while (self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs):
             seq = self.waiting[0]
@@ -87,7 +100,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.conv_slot = self.free_conv_slots.pop()
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, n, snapshot, n == seq.num_pending))
+            scheduled.append(ScheduledSeq(seq, n, snapshot, n == seq.num_pending, 0))
             budget -= n
         return scheduled
 
@@ -96,9 +109,9 @@ class Scheduler:
         """Free window blocks the next queries no longer see, then make room for n more tokens."""
         end_block = -(-(seq.num_computed + n) // self.block_size)
         need = {}
-        for group in self.groups:
+        for group in self.groups_of(seq):
             table = seq.block_tables.setdefault(group, [])
-            first = self._first_needed_block(group, seq.num_computed)
+            first = self.first_needed_block(seq, group, seq.num_computed)
             for i in range(min(first, len(table))):
                 if table[i] is not None:
                     self.pool.free([table[i]])
@@ -108,7 +121,7 @@ class Scheduler:
             return False
         for group, count in need.items():
             table = seq.block_tables[group]
-            first = self._first_needed_block(group, seq.num_computed)
+            first = self.first_needed_block(seq, group, seq.num_computed)
             while len(table) < first and count:   # blocks wholly outside the window are never filled
                 table.append(None)
                 count -= 1
@@ -134,15 +147,18 @@ class Scheduler:
         for n in range(max_blocks, 0, -1):
             tables = {}
             for group in self.groups:
-                first = self._first_needed_block(group, n * bs)
+                first = self.first_needed_block(seq, group, n * bs)
                 found = [self.pool.lookup(group, h) for h in hashes[first:n]]
                 if any(b is None for b in found):
                     break
                 tables[group] = [None] * first + found
             else:
                 for group, table in tables.items():
-                    for block_id in table[self._first_needed_block(group, n * bs):]:
+                    for block_id in table[self.first_needed_block(seq, group, n * bs):]:
                         self.pool.touch(group, block_id)
+                if seq.uses_mtp:   # MTP drafts start afresh after the reused prefix (not cached)
+                    tables[MTP_GROUP] = [None] * n
+                    seq.mtp_first_entry = seq.mtp_frontier = n * bs
                 seq.block_tables = tables
                 seq.num_computed = n * bs
                 seq.num_cached_prompt = max(seq.num_cached_prompt, min(n * bs, seq.prompt_len))
@@ -164,6 +180,8 @@ class Scheduler:
             self.pool.free([b for b in table if b is not None])
         seq.block_tables = {}
         seq.num_computed = 0
+        seq.draft_ids, seq.draft_probs = [], None
+        seq.mtp_frontier = seq.mtp_first_entry = 0
 
     # -- leaving ----------------------------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:

@@ -63,10 +63,10 @@ def test_nan_logits_fail_that_request_only(engine, monkeypatch):
     execute = engine.runner.execute
 
     def poisoned(scheduled):
-        logits = execute(scheduled)
+        hidden, logits = execute(scheduled)
         if "bad" in logits:
             logits["bad"] = torch.full_like(logits["bad"], float("nan"))
-        return logits
+        return hidden, logits
     monkeypatch.setattr(engine.runner, "execute", poisoned)
     out = run_engine(engine, [bad, good])
     assert isinstance(out["bad"][1][-1], Error) and "NaN" in out["bad"][1][-1].message
