@@ -75,7 +75,7 @@ def generate(args) -> int:
     engine.close()
     summary = {"reason": finished.reason, "ttft_s": finished.timings["ttft_s"],
                "tokens_per_s": finished.timings["tokens_per_s"], "decode_s": finished.timings["decode_s"],
-               **finished.usage, "spec": finished.spec_summary}
+               **finished.usage, **finished.spec_summary}
     if args.json:
         text = "".join(pieces)
         print(json.dumps({"prompt_ids": engine.prompt_ids(request), "token_ids": token_ids, "text": text, "steps": steps,

@@ -175,9 +175,13 @@ class ModelRunner:
             for step, start, end, _ in work:
                 seq = step.seq
                 committed = len(seq.token_ids)
+                own = drafts[seq.request_id]
                 for i in range(start, end):
                     t = i + j + 1
-                    token_ids.append(seq.token_ids[t] if t < committed else drafts[seq.request_id][t - committed])
+                    # past this request's k the position runs only because others in the batch need it:
+                    # its output is never read, so any token will do
+                    token_ids.append(seq.token_ids[t] if t < committed else own[t - committed]
+                                     if t - committed < len(own) else 0)
             ids = torch.tensor(token_ids, device=self.device)
             embeds = torch.where(raw_rows[:, None], self.model.embed_table[ids], self.model.embed(ids))
             h = self.mtp.forward_position(j, h, embeds, replace(batch, token_ids=ids, position_offset=j + 1),

@@ -21,16 +21,22 @@ from .sampling import filtered_probs, sample_token
 
 def propose_ngram(token_ids: list[int], k: int, min_n: int = 1, max_n: int = 3, lookback: int = 1024
                   ) -> list[int]:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens (longest n first) within
-    `lookback` tokens and propose the k tokens that followed it."""
+    """Prompt lookup: find an earlier occurrence of the last n tokens (longest n first) within
+    `lookback` tokens and propose the (up to) k tokens that followed it. Among matches the latest
+    with a full k-token continuation wins; failing that, the one with the longest continuation."""
     context = token_ids[-lookback:]
     for n in range(min(max_n, len(context) - 1), min_n - 1, -1):
         tail = context[-n:]
+        best: list[int] = []
         for start in range(len(context) - n - 1, -1, -1):   # latest match first
             if context[start:start + n] == tail:
                 follow = context[start + n:start + n + k]
-                if follow:
-                    return follow
+                if len(follow) > len(best):
+                    best = follow
+                if len(best) == k:
+                    break
+        if best:
+            return best
     return []
 
 

@@ -78,3 +78,54 @@ def build_checkpoint(path: Path, name: str, seed: int = 0, text_only: bool = Fal
     model.eval()
     model.save_pretrained(path)
     return model
+
+
+def add_mtp_depths(path: Path, model, depths: int, chain_norm: bool, local_ids=(), seed: int = 0) -> None:
+    """Give a saved checkpoint `depths` random MTP depths in the original key layout (model.mtp.*) and
+    declare them in config.json, as real Inkling checkpoints do."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    text = model.config.text_config
+    full = text.layer_types.index("hybrid")
+    sliding = text.layer_types.index("hybrid_sliding") if "hybrid_sliding" in text.layer_types else full
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    hidden = text.hidden_size
+    # a decoder block's shapes: a dense MLP of the backbone's width, full or sliding attention
+    dense_mlp = {k.split(".mlp.")[1]: v for k, v in tensors.items() if ".mlp.w13_dn" in k or ".mlp.w2_md" in k}
+    for k in range(depths):
+        template = sliding if k in local_ids else full
+        prefix = f"model.llm.layers.{template}."
+        for key, value in list(tensors.items()):
+            if key.startswith(prefix) and ".mlp." not in key:
+                tensors[key.replace(prefix, f"model.mtp.layers.{k}.transformer_block.")] = (
+                    value + 0.2 * torch.randn(value.shape, generator=gen) * value.std().clamp(min=0.1))
+        for name, value in dense_mlp.items():
+            tensors[f"model.mtp.layers.{k}.transformer_block.mlp.{name}"] = torch.randn(
+                value.shape, generator=gen) / math.sqrt(value.shape[-1])
+        tensors[f"model.mtp.layers.{k}.transformer_block.mlp.global_scale"] = torch.ones(1)
+        for name in ("hidden_norm", "embed_norm"):
+            tensors[f"model.mtp.layers.{k}.{name}.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+        tensors[f"model.mtp.layers.{k}.input_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) / math.sqrt(
+            2 * hidden)
+    if chain_norm:
+        tensors["model.mtp.chain_norm.weight"] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+    save_file(tensors, file, metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["mtp_config"] = {"num_nextn_predict_layers": depths, "chain_hidden_post_norm": chain_norm,
+                            "local_layer_ids": list(local_ids) or None}
+    for key in ("num_mtp_layers", "chain_hidden_post_norm", "mtp_local_layer_ids"):
+        config["text_config"].pop(key, None)   # let mtp_config speak, as in real checkpoints
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def build_mtp_checkpoint(path: Path, name: str, depths: int, chain_norm: bool, local_ids=(), seed: int = 0):
+    """A TEXT_CONFIGS model with MTP depths; needs a dense layer in the config for the MLP shapes."""
+    from transformers import InklingForConditionalGeneration
+    path = Path(path)
+    build_checkpoint(path, name, seed=seed)
+    model = InklingForConditionalGeneration.from_pretrained(path)
+    add_mtp_depths(path, model, depths, chain_norm, local_ids, seed)
+    return InklingForConditionalGeneration.from_pretrained(path).eval()
