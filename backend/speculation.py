@@ -21,23 +21,21 @@ from .sampling import filtered_probs, sample_token
 
 def propose_ngram(token_ids: list[int], k: int, min_n: int = 1, max_n: int = 3, lookback: int = 1024
                   ) -> list[int]:
-    """Prompt lookup: find an earlier occurrence of the last n tokens (longest n first) within
-    `lookback` tokens and propose the (up to) k tokens that followed it. Among matches the latest
-    with a full k-token continuation wins; failing that, the one with the longest continuation."""
+    """Prompt lookup: find an earlier occurrence of the last n tokens within `lookback` tokens and
+    propose the (up to) k tokens that followed it. Longer suffixes are tried first; the first match
+    (latest first) with a full k-token continuation wins, else the longest continuation found."""
     context = token_ids[-lookback:]
+    best: list[int] = []
     for n in range(min(max_n, len(context) - 1), min_n - 1, -1):
         tail = context[-n:]
-        best: list[int] = []
-        for start in range(len(context) - n - 1, -1, -1):   # latest match first
+        for start in range(len(context) - n - 1, -1, -1):
             if context[start:start + n] == tail:
                 follow = context[start + n:start + n + k]
+                if len(follow) == k:
+                    return follow
                 if len(follow) > len(best):
                     best = follow
-                if len(best) == k:
-                    break
-        if best:
-            return best
-    return []
+    return best
 
 
 def accept_standard(p: torch.Tensor, q: torch.Tensor, draft: int, generator: torch.Generator) -> bool:
