@@ -29,6 +29,7 @@ from .tokenizer import ChatTokenizer, IncrementalDetokenizer
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_SPEC_TOKENS = 8
+SMALL_MODEL_PARAMS = 100_000_000
 
 
 class RequestError(ValueError):
@@ -66,6 +67,10 @@ class NativeEngine:
         self.model = InklingTextModel(self.config, weights)
         self.mtp = MtpHeads(self.config, self.model, weights) if "mtp.0.input_proj" in weights else None
         self.num_text_params = sum(t.numel() for n, t in weights.items() if not n.startswith("mtp."))
+        if self.device.type == "cpu" and self.num_text_params < SMALL_MODEL_PARAMS:
+            # a small model's matmuls gain little from OpenMP threads, and the stream thread's team
+            # then contends with the caller's: measured 3x slower streaming decode with 2 threads
+            torch.set_num_threads(1)
         self.capabilities = {**self.capabilities,
                              "spec_methods": ["none", "ngram"] + (["mtp"] if self.mtp else []),
                              "num_mtp_depths": self.config.num_mtp_layers if self.mtp else 0}

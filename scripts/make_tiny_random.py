@@ -200,6 +200,7 @@ def main() -> None:
         dtype = torch.bfloat16
         cast_to_bf16_except_fp32_islands(model)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="15MB")
+    add_random_mtp_depths(out, config, dtype)
     tokenizer.save(str(out / "tokenizer.json"))
 
     import platform
@@ -228,6 +229,59 @@ def main() -> None:
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out} ({size / 1e6:.1f} MB)")
     check_roundtrip(out)
+
+
+MTP_DEPTHS = 3
+
+
+def add_random_mtp_depths(out: Path, config, dtype: torch.dtype) -> None:
+    """Random MTP draft heads in the real checkpoint layout (model.mtp.*, a shard of their own and the
+    top-level mtp_config), so the engine's MTP path runs on the shipped model. Untrained: they draft
+    almost nothing right."""
+    import json
+    import math
+
+    from safetensors.torch import save_file
+    text = config.text_config
+    hidden, gen = text.hidden_size, torch.Generator().manual_seed(SEED + 1)
+    q, kv = text.num_attention_heads * text.head_dim, text.num_key_value_heads * text.head_dim
+
+    def normal(*shape):
+        return (torch.randn(*shape, generator=gen) / math.sqrt(shape[-1])).to(dtype)
+    tensors = {}
+    for k in range(MTP_DEPTHS):
+        p = f"model.mtp.layers.{k}."
+        b = p + "transformer_block."
+        tensors.update({
+            p + "hidden_norm.weight": torch.ones(hidden, dtype=dtype), p + "embed_norm.weight": torch.ones(hidden, dtype=dtype),
+            p + "input_proj.weight": normal(hidden, 2 * hidden),
+            b + "attn_norm.weight": torch.ones(hidden, dtype=dtype), b + "mlp_norm.weight": torch.ones(hidden, dtype=dtype),
+            b + "attn_sconv.weight": 0.1 * torch.randn(hidden, 1, 4, generator=gen),
+            b + "mlp_sconv.weight": 0.1 * torch.randn(hidden, 1, 4, generator=gen),
+            b + "attn.wq_du.weight": normal(q, hidden), b + "attn.wk_dv.weight": normal(kv, hidden),
+            b + "attn.wv_dv.weight": normal(kv, hidden), b + "attn.wo_ud.weight": normal(hidden, q),
+            b + "attn.wr_du.weight": normal(text.num_attention_heads * text.d_rel, hidden),
+            b + "attn.q_norm.weight": torch.ones(text.head_dim, dtype=dtype),
+            b + "attn.k_norm.weight": torch.ones(text.head_dim, dtype=dtype),
+            b + "attn.k_sconv.weight": 0.1 * torch.randn(kv, 1, 4, generator=gen),
+            b + "attn.v_sconv.weight": 0.1 * torch.randn(kv, 1, 4, generator=gen),
+            b + "attn.rel_logits_proj.proj": (0.02 * torch.randn(text.d_rel, text.rel_extent, generator=gen)).to(dtype),
+            b + "mlp.w13_dn.weight": normal(2 * text.intermediate_size, hidden),
+            b + "mlp.w2_md.weight": normal(hidden, text.intermediate_size),
+            b + "mlp.global_scale": torch.ones(1, dtype=dtype),
+        })
+    shard = "model-mtp.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, out / shard, metadata={"format": "pt"})
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update({key: shard for key in tensors})
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True))
+    raw = json.loads((out / "config.json").read_text())
+    raw["mtp_config"] = {"num_nextn_predict_layers": MTP_DEPTHS, "chain_hidden_post_norm": False,
+                         "local_layer_ids": None}
+    for key in ("num_mtp_layers", "chain_hidden_post_norm", "mtp_local_layer_ids"):
+        raw["text_config"].pop(key, None)   # an explicit null here would hide mtp_config (setdefault)
+    (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True))
 
 
 def check_roundtrip(out: Path) -> None:

@@ -244,10 +244,32 @@ def test_stats_definitions():
     assert d["accepted_histogram"] == [1, 1, 1, 1]
 
 
-def test_mtp_on_a_checkpoint_without_heads_is_refused_clearly():
+def test_mtp_on_a_checkpoint_without_heads_is_refused_clearly(checkpoints):
     from backend import Error
-    engine = load_engine("assets/inkling-tiny")
+    path, _ = checkpoints("moe_only")
+    engine = load_engine(str(path))
+    assert engine.capabilities["spec_methods"] == ["none", "ngram"]
     events = engine.add_request(Request(prompt_ids=[1, 2], spec=SpecConfig("mtp", 3)))
     assert isinstance(events[0], Error) and "no MTP draft heads" in events[0].message
     with pytest.raises(ValueError, match="no MTP draft heads"):
-        load_engine("assets/inkling-tiny", spec=SpecConfig("mtp", 3))
+        load_engine(str(path), spec=SpecConfig("mtp", 3))
+
+
+def test_shipped_model_runs_every_method_from_the_cli():
+    import json
+    import subprocess
+    import sys
+    outputs = {}
+    for method in ("none", "ngram", "mtp"):
+        result = subprocess.run([sys.executable, "-m", "backend", "generate", "--model", "assets/inkling-tiny",
+                                 "--prompt", "Count: 1 2 3 1 2 3 1 2", "--max-tokens", "24", "--spec", method,
+                                 "--num-spec-tokens", "4", "--json"], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        outputs[method] = json.loads(result.stdout)
+    assert outputs["none"]["token_ids"] == outputs["ngram"]["token_ids"] == outputs["mtp"]["token_ids"]
+    summary = outputs["mtp"]["summary"]
+    assert summary["method"] == "mtp" and summary["num_draft_tokens"] > 0 and summary["tokens_per_s"] > 0
+    for key in ("mean_acceptance_length", "acceptance_rate", "num_accepted_tokens_per_pos",
+                "conditional_acceptance_per_pos", "unconditional_acceptance_per_pos", "accepted_histogram"):
+        assert key in summary
+    assert any(step["drafted"] for step in outputs["mtp"]["steps"])
