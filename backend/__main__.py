@@ -41,9 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def generate(args) -> int:
-    if args.image or args.audio:
-        print("error: --image and --audio are not supported by this engine yet.", file=sys.stderr)
-        return 2
     try:
         spec = SpecConfig(method=args.spec, num_tokens=args.num_spec_tokens)
         engine = load_engine(args.model, backend="native", device=args.device, dtype=args.dtype, spec=spec)
@@ -52,14 +49,17 @@ def generate(args) -> int:
         return 2
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               max_tokens=args.max_tokens, seed=args.seed)
+    media = [{"type": "image", "path": p} for p in args.image] + [{"type": "audio", "path": p} for p in args.audio]
     if args.prompt is not None:
-        request = Request(messages=[{"role": "user", "content": [{"type": "text", "text": args.prompt}]}],
+        request = Request(messages=[{"role": "user", "content": [{"type": "text", "text": args.prompt}, *media]}],
                           sampling=sampling)
-    else:
-        request = Request(prompt_ids=args.prompt_ids, sampling=sampling)
+    else:   # each image/audio marker id in the ids takes the next --image/--audio file
+        request = Request(prompt_ids=args.prompt_ids, media=media, sampling=sampling)
     token_ids, steps, pieces = [], [], []
-    finished = None
+    finished = started = None
     for event in engine.stream(request):
+        if isinstance(event, Started):
+            started = event
         if isinstance(event, Error):
             print(f"error: {event.message}", file=sys.stderr)
             engine.close()
@@ -78,7 +78,8 @@ def generate(args) -> int:
                **finished.usage, **finished.spec_summary}
     if args.json:
         text = "".join(pieces)
-        print(json.dumps({"prompt_ids": engine.prompt_ids(request), "token_ids": token_ids, "text": text, "steps": steps,
+        print(json.dumps({"prompt_ids": engine.prompt_ids(request), "image_tokens": started.image_tokens,
+                          "audio_tokens": started.audio_tokens, "notes": list(started.notes), "token_ids": token_ids, "text": text, "steps": steps,
                           "summary": summary}))
     else:
         print(f"\n[{finished.reason}; {summary['completion_tokens']} tokens; "

@@ -18,22 +18,20 @@ import torch
 from .block_pool import FULL, SLIDING, BlockPool
 from .config import ModelConfig, load_config
 from .events import Error, Event, Finished, Metrics, Started, Step
-from .loader import load_weights
+from .loader import CheckpointError, load_weights
 from .model import InklingTextModel, KVCache
 from .mtp import MTP_GROUP, MtpHeads
+from .prompt import Prompt, PromptBuilder, RequestError
 from .request import Request, Sequence, SpecConfig
 from .runner import ModelRunner, StepRows
 from .scheduler import ScheduledSeq, Scheduler
 from .speculation import SpecDecodingStats, propose_ngram, verify
 from .tokenizer import ChatTokenizer, IncrementalDetokenizer
+from .towers import AudioEmbedding, VisionTower
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_SPEC_TOKENS = 8
 SMALL_MODEL_PARAMS = 100_000_000
-
-
-class RequestError(ValueError):
-    """A request the engine refuses; the message says what to fix."""
 
 
 class _Live:
@@ -53,7 +51,7 @@ class NativeEngine:
     def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
                  spec: SpecConfig | None = None, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int = 256 << 20, max_num_seqs: int = 16, max_batched_tokens: int = 256,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, max_image_tokens: int = 1024, max_audio_seconds: float = 60.0):
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -63,10 +61,11 @@ class NativeEngine:
         self.dtype = getattr(torch, dtype)
         self.spec = spec or SpecConfig()
         self.config: ModelConfig = load_config(self.model_dir)
-        weights, self.side_weights = load_weights(self.model_dir, self.config, self.dtype, self.device)
+        weights = load_weights(self.model_dir, self.config, self.dtype, self.device)
         self.model = InklingTextModel(self.config, weights)
         self.mtp = MtpHeads(self.config, self.model, weights) if "mtp.0.input_proj" in weights else None
-        self.num_text_params = sum(t.numel() for n, t in weights.items() if not n.startswith("mtp."))
+        self.num_text_params = sum(t.numel() for n, t in weights.items()
+                                   if not n.startswith(("mtp.", "vision.", "audio.")))
         if self.device.type == "cpu" and self.num_text_params < SMALL_MODEL_PARAMS:
             # a small model's matmuls gain little from OpenMP threads, and the stream thread's team
             # then contends with the caller's: measured 3x slower streaming decode with 2 threads
@@ -79,6 +78,15 @@ class NativeEngine:
             raise ValueError(problem)
         self.tokenizer = ChatTokenizer.from_model_dir(self.model_dir)
         cfg = self.config
+        try:
+            vision = VisionTower(cfg.vision, cfg.hidden_size, weights) if "vision.final_norm" in weights else None
+            audio = AudioEmbedding(cfg.audio, weights) if "audio.embed" in weights else None
+        except KeyError as exc:
+            raise CheckpointError(f"The checkpoint's vision or audio tower lacks {exc.args[0]!r}; the checkpoint "
+                                  "is incomplete.") from exc
+        self.prompts = PromptBuilder(cfg, self.tokenizer, vision, audio, self.dtype, self.device,
+                                     max_image_tokens, max_audio_seconds)
+        self.capabilities["modalities"] = ["text"] + ["image"] * bool(vision) + ["audio"] * bool(audio)
         groups = tuple(g for g, present in ((FULL, not all(map(cfg.is_sliding, range(cfg.num_layers)))),
                                             (SLIDING, any(map(cfg.is_sliding, range(cfg.num_layers))))) if present)
         num_mtp_positions = MAX_SPEC_TOKENS if self.mtp else 0
@@ -105,21 +113,8 @@ class NativeEngine:
 
     # -- admission --------------------------------------------------------------------------------
     def prompt_ids(self, request: Request) -> list[int]:
-        """The token ids a request feeds the model (its rendered chat, or its prompt_ids)."""
-        if request.prompt_ids is not None:
-            ids = request.prompt_ids
-            if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
-                raise RequestError("prompt_ids must be a list of whole-number token ids.")
-            return list(ids)
-        if request.messages is None:
-            raise RequestError("The request has neither messages nor prompt_ids; give one of them.")
-        if self.tokenizer is None:
-            raise RequestError(f"{self.model_dir} has no tokenizer.json, so text cannot be encoded; "
-                               "send prompt_ids instead.")
-        try:
-            return self.tokenizer.render_chat(request.messages, reasoning_effort=request.reasoning_effort)
-        except ValueError as exc:
-            raise RequestError(str(exc)) from exc
+        """The token ids a request feeds the model (its rendered chat, or its expanded prompt_ids)."""
+        return self.prompts.build(request, encode=False).token_ids
 
     def _spec_problem(self, spec: SpecConfig) -> str | None:
         if not isinstance(spec, SpecConfig):
@@ -129,12 +124,13 @@ class NativeEngine:
                     "run; use 'ngram' or 'none'.")
         return None
 
-    def _validate(self, request: Request) -> list[int]:
+    def _validate(self, request: Request) -> Prompt:
         problem = self._spec_problem(request.spec) if request.spec is not None else None
         problem = problem or request.sampling.problem()
         if problem:
             raise RequestError(problem)
-        ids = self.prompt_ids(request)
+        prompt = self.prompts.build(request)
+        ids = prompt.token_ids
         if not ids or (request.messages is not None and not any(
                 _has_content(m) for m in request.messages)):
             raise RequestError("The prompt is empty; type a message or give at least one prompt token.")
@@ -150,7 +146,7 @@ class NativeEngine:
             raise RequestError(f"max_tokens {max_tokens} plus the prompt's {len(ids)} tokens exceeds the context "
                                f"of {self.max_model_len} tokens; ask for at most "
                                f"{self.max_model_len - len(ids)} new tokens.")
-        return ids
+        return prompt
 
     def add_request(self, request: Request) -> list[Event]:
         """Admit a request to the waiting queue. Returns [Started] or [Error]; never raises for bad input."""
@@ -159,15 +155,17 @@ class NativeEngine:
                 return [Error(request.request_id, f"Request id {request.request_id!r} is already running; "
                                                   "use a new id.")]
             try:
-                ids = self._validate(request)
+                prompt = self._validate(request)
             except RequestError as exc:
                 return [Error(request.request_id, str(exc))]
-            seq = Sequence(request, ids, self.eos_ids, request.spec or self.spec)
+            ids = prompt.token_ids
+            seq = Sequence(request, ids, self.eos_ids, request.spec or self.spec, prompt.spans, prompt.embeds)
             detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
             self._live[request.request_id] = _Live(seq, detok)
             self.scheduler.add(seq)
             self._wake.set()
-            return [Started(request.request_id, prompt_tokens=len(ids))]
+            return [Started(request.request_id, prompt_tokens=len(ids), image_tokens=prompt.count("image"),
+                            audio_tokens=prompt.count("audio"), notes=tuple(prompt.notes))]
 
     def abort(self, request_id: str) -> None:
         """Stop a request between steps and free everything it holds."""

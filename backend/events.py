@@ -16,6 +16,7 @@ class Started(_Event):
     image_tokens: int = 0
     audio_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens served from the prefix cache
+    notes: tuple[str, ...] = ()     # what was changed to fit limits, e.g. an image downscaled
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .config import ModelConfig
+from .towers import tower_name
 
 
 class CheckpointError(ValueError):
@@ -92,8 +93,7 @@ _LAYER_PREFIX = re.compile(r"^(model\.llm\.layers|model\.language_model\.layers|
 # MTP depths: per-depth extras, and a decoder block under `transformer_block` (original names)
 _MTP_BLOCK = re.compile(r"^model\.mtp\.layers\.(\d+)\.transformer_block\.(.+)$")
 _MTP_EXTRA = re.compile(r"^model\.mtp\.layers\.(\d+)\.(hidden_norm|embed_norm|input_proj)\.weight$")
-# tensors that belong to the vision and audio towers: kept aside, by their names
-_SIDE_PREFIXES = ("model.visual.", "model.vision_tower.", "model.audio.", "model.audio_tower.")
+
 # computed in fp32 whatever the model dtype (INKLING.md: fp32 islands)
 _FP32 = {"conv", "fp32"}
 
@@ -115,6 +115,8 @@ def engine_name(key: str) -> tuple[tuple[str, ...], str] | None:
     """Map a checkpoint key to engine tensor name(s) and conversion, or None for an unknown key."""
     if key in _TOP_KEYS:
         return (_TOP_KEYS[key],), "copy"
+    if tower_name(key):
+        return (tower_name(key),), "copy"
     if key == "model.mtp.chain_norm.weight":
         return ("mtp.chain_norm",), "copy"
     match = _MTP_EXTRA.match(key)
@@ -197,14 +199,14 @@ def _open(path: Path):
 
 
 def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Return (text and MTP weights by engine name, side weights by checkpoint key: vision, audio).
-    A config that declares MTP depths whose checkpoint has no `model.mtp.*` tensors loads without them
-    (transformers does the same); the engine then reports MTP as unavailable."""
+                 ) -> dict[str, torch.Tensor]:
+    """All weights by engine name: backbone, MTP depths ("mtp.*"), vision ("vision.*") and audio
+    ("audio.*") towers. A config that declares MTP depths whose checkpoint has no `model.mtp.*` tensors
+    loads without them (transformers does the same), and a checkpoint may lack either tower; the
+    engine then reports what it cannot do."""
     model_dir = Path(model_dir)
     files = checkpoint_files(model_dir)
     weights: dict[str, torch.Tensor] = {}
-    side: dict[str, torch.Tensor] = {}
     by_file: dict[Path, list[str]] = {}
     for key, path in files.items():
         by_file.setdefault(path, []).append(key)
@@ -220,9 +222,6 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, de
                 except (SafetensorError, OSError, RuntimeError) as exc:
                     raise CheckpointError(f"Reading {key} from {path} failed ({exc}); the file is truncated - "
                                           "copy it again.") from exc
-                if key.startswith(_SIDE_PREFIXES):
-                    side[key] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
-                    continue
                 mapped = engine_name(key)
                 if mapped is None:
                     raise CheckpointError(f"Unexpected tensor {key!r} in {path.name}: this engine does not know "
@@ -236,7 +235,7 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, de
     if with_mtp and cfg.num_mtp_layers == 0:
         raise CheckpointError("The checkpoint holds MTP tensors (model.mtp.*) but config.json declares no MTP "
                               "depths; add mtp_config.num_nextn_predict_layers (or num_mtp_layers).")
-    expected = expected_names(cfg, with_mtp)
+    expected = expected_names(cfg, with_mtp) | {n for n in weights if n.startswith(("vision.", "audio."))}
     missing = sorted(expected - weights.keys())
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -247,7 +246,7 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, de
         raise CheckpointError(f"The checkpoint holds {extra[0]!r}, which config.json does not describe "
                               "(check mlp_layer_types and num_hidden_layers).")
     _check_shapes(weights, cfg)
-    return weights, side
+    return weights
 
 
 def _check_shapes(w: dict[str, torch.Tensor], cfg: ModelConfig) -> None:

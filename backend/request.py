@@ -67,16 +67,20 @@ class Request:
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     reasoning_effort: float | None = None
     spec: SpecConfig | None = None  # None: the engine's default
+    media: list[dict] | None = None  # with prompt_ids: images/audio for the markers in the ids, in order
 
 
 class Sequence:
     """One admitted request as the scheduler and runner see it."""
 
-    def __init__(self, request: Request, prompt_ids: list[int], eos_ids: frozenset[int], spec: SpecConfig):
+    def __init__(self, request: Request, prompt_ids: list[int], eos_ids: frozenset[int], spec: SpecConfig,
+                 media_spans: list = (), media_embeds: torch.Tensor | None = None):
         self.request = request
         self.request_id = request.request_id
         self.sampling = request.sampling
         self.prompt_len = len(prompt_ids)
+        self.media_spans = list(media_spans)       # prompt.MediaSpan, in order of position
+        self.media_embeds = media_embeds           # [sum of span lengths, hidden] rows replacing placeholders
         self.token_ids = list(prompt_ids)          # prompt, then generated tokens
         self.num_computed = 0                      # tokens whose K/V and conv state are in the cache
         self.block_tables: dict[str, list[int | None]] = {}   # per group; None where a window block was freed
@@ -98,8 +102,20 @@ class Sequence:
         self.stats = SpecDecodingStats()
 
     def media_key(self, block_index: int, block_size: int) -> bytes:
-        """Content hash of media behind the block's placeholder tokens (b"" for text)."""
-        return b""
+        """Content hashes of the media behind the block's placeholder tokens (b"" for text), so the
+        same placeholders over different images never share cached blocks."""
+        lo, hi = block_index * block_size, (block_index + 1) * block_size
+        return b"".join(s.start.to_bytes(8, "little") + s.content_hash for s in self.media_spans
+                        if s.start < hi and s.start + s.num_tokens > lo)
+
+    def media_rows(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(position, row of media_embeds) for placeholder positions in [start, end)."""
+        rows, offset = [], 0
+        for s in self.media_spans:
+            for p in range(max(start, s.start), min(end, s.start + s.num_tokens)):
+                rows.append((p, offset + p - s.start))
+            offset += s.num_tokens
+        return rows
 
     @property
     def num_generated(self) -> int:

@@ -78,7 +78,7 @@ class ModelRunner:
                                   for g in groups},
                                  item.num_tokens - item.num_drafts, seq.block_tables[groups[0]]))
         batch = self.build_batch(plans)
-        hidden = self.model.forward(batch, self.cache)
+        hidden = self.model.forward(batch, self.cache, self._inputs_embeds(batch, plans))
         rows, ids, row = [], [], 0
         for item in scheduled:
             if item.samples:
@@ -90,6 +90,22 @@ class ModelRunner:
             return hidden, {}
         logits = self.model.logits(hidden[torch.cat(rows).to(self.device)]).float().cpu()
         return hidden, dict(zip((i for i, _ in ids), logits.split([n for _, n in ids])))
+
+    def _inputs_embeds(self, batch: ForwardBatch, plans: list[RowPlan]) -> torch.Tensor | None:
+        """Token embeddings with image/audio rows put in place of their placeholders (None: no media)."""
+        rows, sources, embeds = [], [], []
+        for plan, seq_rows in zip(plans, batch.seqs):
+            media = plan.seq.media_rows(plan.start, plan.start + len(plan.token_ids))
+            if media:
+                base = sum(len(e) for e in embeds)
+                rows += [seq_rows.row_start + p - plan.start for p, _ in media]
+                sources += [base + r for _, r in media]
+                embeds.append(plan.seq.media_embeds)
+        if not rows:
+            return None
+        x = self.model.embed(batch.token_ids)
+        x[torch.tensor(rows, device=self.device)] = torch.cat(embeds)[torch.tensor(sources, device=self.device)]
+        return x
 
     def commit_conv(self, scheduled: list[ScheduledSeq], kept: list[int]) -> None:
         """Each sequence keeps its first `kept` fed tokens: conv states roll back to there."""

@@ -46,6 +46,10 @@ class ChatTokenizer:
         if eos_token is not None and tokenizer.token_to_id(eos_token) is not None:
             stop.add(tokenizer.token_to_id(eos_token))
         self.stop_ids: frozenset[int] = frozenset(stop)
+        # config.json's image/audio token ids win over the placeholder names (real checkpoints name them
+        # <|unused_200054|> and the like); set by the engine
+        self.image_placeholder_id: int | None = None
+        self.audio_placeholder_id: int | None = None
 
     @classmethod
     def from_model_dir(cls, model_dir) -> "ChatTokenizer | None":
@@ -134,10 +138,10 @@ class ChatTokenizer:
             media_seen += 1
             if kind == "image":
                 ids.append(self.token_id(CONTENT_IMAGE))
-                ids.extend([self.token_id(IMAGE_PLACEHOLDER)] * n)
+                ids.extend([self.image_placeholder_id or self.token_id(IMAGE_PLACEHOLDER)] * n)
             else:
                 ids.append(self.token_id(CONTENT_AUDIO))
-                ids.extend([self.token_id(AUDIO_PLACEHOLDER)] * n)
+                ids.extend([self.audio_placeholder_id or self.token_id(AUDIO_PLACEHOLDER)] * n)
                 ids.append(self.token_id(AUDIO_END))
         else:
             raise ValueError(

@@ -27,7 +27,7 @@ def only_error(engine, request) -> str:
     (dict(messages=[{"role": "user", "content": ""}]), "empty"),
     (dict(messages=[{"role": "user", "content": [{"type": "text", "text": "   "}]}]), "empty"),
     (dict(prompt_ids=[]), "empty"),
-    (dict(prompt_ids=[5] * 600), "shorten the prompt"),
+    (dict(prompt_ids=[30] * 600), "shorten the prompt"),
     (dict(prompt_ids=[1, 2, 999999]), "outside the vocabulary"),
     (dict(prompt_ids=[1, -4]), "outside the vocabulary"),
     (dict(prompt_ids=["a", 2]), "whole-number"),
@@ -48,7 +48,7 @@ def test_bad_requests_get_a_fix_it_message_and_the_engine_keeps_serving(engine, 
 
 
 def test_a_prompt_one_token_short_of_the_context_is_served(engine):
-    events = engine.add_request(Request(prompt_ids=[5] * 511, sampling=SamplingParams(max_tokens=1)))
+    events = engine.add_request(Request(prompt_ids=[30] * 511, sampling=SamplingParams(max_tokens=1)))
     assert not isinstance(events[0], Error)
     while engine.has_work():
         engine.step()
@@ -156,7 +156,7 @@ def test_checkpoint_without_tokenizer_runs_on_prompt_ids(tmp_path):
     (model / "tokenizer.json").unlink()
     engine = load_engine(str(model))
     assert "tokenizer.json" in only_error(engine, Request(messages=[{"role": "user", "content": "hi"}]))
-    request = Request(prompt_ids=[3, 4, 5], sampling=SamplingParams(max_tokens=3))
+    request = Request(prompt_ids=[30, 31, 32], sampling=SamplingParams(max_tokens=3))
     out = run_engine(engine, [request])[request.request_id]
     assert len(out[0]) == 3 and all(isinstance(e, Step) and e.text == "" for e in out[1][1:-1])
 

@@ -71,8 +71,11 @@ def build_checkpoint(path: Path, name: str, seed: int = 0, text_only: bool = Fal
     if text_only:
         model = InklingForCausalLM(InklingTextConfig(**text))
     else:
+        vocab = text["vocab_size"]   # media token ids inside this small vocabulary
         config = InklingConfig(text_config=text, vision_config=dict(patch_size=4, num_hidden_layers=4,
-                                                                    hidden_size=32), audio_config=dict())
+                                                                    hidden_size=32), audio_config=dict(),
+                               image_token_id=vocab - 1, audio_token_id=vocab - 2, image_bos_token_id=vocab - 3,
+                               audio_bos_token_id=vocab - 4)
         model = InklingForConditionalGeneration(config)
     randomize(model, seed)
     model.eval()
