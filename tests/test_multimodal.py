@@ -167,3 +167,55 @@ def test_image_token_cap_downscales_and_says_so(mm, tmp_path):
     while engine.has_work():
         engine.step()
     assert_all_free(engine)
+
+
+@pytest.mark.parametrize("patch, layers", [(40, 24), (40, 3), (8, 5), (8, 2), (4, 4), (14, 6), (16, 3)])
+def test_vision_stage_plan_matches_transformers(patch, layers):
+    from transformers.models.inkling.modeling_inkling import plan_out_scales
+
+    from backend.towers import plan_stages
+    reference = [tuple(int(v) for v in row) for row in plan_out_scales(2, patch, layers, 3).tolist()]
+    assert plan_stages(patch, 2, layers, 3) == reference
+
+
+def test_several_images_and_clips_across_turns(mm):
+    _, _, media = mm
+    engine = load_engine("assets/inkling-tiny")
+    messages = [
+        {"role": "user", "content": [{"type": "image", "path": media["img_a"]}, {"type": "text", "text": "and"},
+                                     {"type": "image", "path": media["img_c"]}]},
+        {"role": "model", "content": "Two pictures."},
+        {"role": "user", "content": [{"type": "audio", "path": media["wav"]}, {"type": "audio", "path": media["wav"]},
+                                     {"type": "image", "path": media["img_b"]}, {"type": "text", "text": "now?"}]},
+    ]
+    request = Request(messages=messages, sampling=SamplingParams(max_tokens=4))
+    events = engine.add_request(request)
+    patch = engine.prompts.vision.patch_size
+    images = sum(load_image(media[k], patch_size=patch).num_tokens for k in ("img_a", "img_c", "img_b"))
+    assert events[0].image_tokens == images and events[0].audio_tokens == 2 * load_audio(media["wav"]).num_tokens
+    ids = engine.prompt_ids(request)
+    assert ids.count(engine.config.image_bos_token_id) == 3 and ids.count(engine.config.audio_bos_token_id) == 2
+    while engine.has_work():
+        engine.step()
+    assert_all_free(engine)
+
+
+def test_cli_takes_images_and_audio(mm):
+    import json
+    import subprocess
+    import sys
+    _, _, media = mm
+    base = [sys.executable, "-m", "backend", "generate", "--model", "assets/inkling-tiny", "--max-tokens", "3", "--json"]
+    out = subprocess.run(base + ["--prompt", "Describe", "--image", media["img_a"], "--audio", media["wav"]],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["image_tokens"] > 0 and result["audio_tokens"] == 8 and len(result["token_ids"]) == 3
+    # raw ids: the image marker (5) and audio marker (6) of the shipped tokenizer take the files in order
+    out = subprocess.run(base + ["--prompt-ids", "0,4,30,5,9,6,7,9,1", "--image", media["img_c"], "--audio",
+                                 media["wav"]], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["prompt_ids"][:4] == [0, 4, 30, 5] and result["prompt_ids"].count(12) == 8
+    bad = subprocess.run(base + ["--prompt", "x", "--image", __file__], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "Image 1" in bad.stderr
