@@ -22,13 +22,13 @@ import torch.nn.functional as F
 class TinyConfig:
     vocab_size: int = 4096
     unpadded_vocab_size: int = 4096
-    hidden: int = 256
+    hidden: int = 192
     layers: int = 6
     full_layers: tuple = (2, 5)          # the rest use sliding-window attention
-    heads: int = 4
-    kv_heads: int = 2
+    heads: int = 3
+    kv_heads: int = 1
     head_dim: int = 64
-    swa_heads: int = 4
+    swa_heads: int = 3
     swa_kv_heads: int = 1
     swa_head_dim: int = 64
     window: int = 128
@@ -36,10 +36,10 @@ class TinyConfig:
     rel_extent: int = 1024
     log_floor: int | None = 512
     log_alpha: float = 0.1
-    intermediate: int = 768
+    intermediate: int = 576
     mtp_depths: int = 3
     patch_size: int = 8
-    vision_layers: int = 5
+    vision_layers: int = 4               # 4 stages keep the tower at 0.16M parameters (5 would be 15.8M)
     max_positions: int = 4096
     special: dict = field(default_factory=dict)   # image/audio token ids, eos, pad
 
