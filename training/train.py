@@ -4,8 +4,8 @@
 
 Loss: next-token cross-entropy on every text token (chat answers, prose and stories) plus, for each MTP
 depth k, the cross-entropy of predicting token i+k+2 at position i (weight 0.3), and captions /
-transcripts after images and audio. Writes the checkpoint (bf16 shards <= 15 MB, config.json) and a
-training-state file to resume from, since one device call lasts at most 10 minutes.
+transcripts after images and audio. Writes the checkpoint (bf16 shards <= 15 MB, config.json) and, with
+--save-state, the weights and optimizer state to resume from.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Examples:
     """Chat examples with one image or one audio clip each (packed by scripts/build_data.py)."""
 
     def __init__(self, path: Path, kind: str, patch: int, seed: int):
-        d = np.load(path)
+        d = {k: v for k, v in np.load(path).items()}   # decompress each array once
         self.kind, self.patch = kind, patch
         self.ids = [torch.from_numpy(d["input_ids"][a:b].astype(np.int64))
                     for a, b in zip(d["id_offsets"][:-1], d["id_offsets"][1:])]
@@ -118,11 +118,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--resume", type=Path)
+    parser.add_argument("--save-state", action="store_true", help="also write state.pt (weights + optimizer)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--media-batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--total-steps", type=int, default=6000, help="length of the LR schedule")
+    parser.add_argument("--total-steps", type=int, default=10**9, help="stop after this many steps")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -143,10 +144,13 @@ def main() -> None:
     val = TextStream(args.data / "text_val.bin", args.length, seed=1)
     images = Examples(args.data / "images_train.npz", "image", config.patch_size, seed=step + 1)
     audio = Examples(args.data / "audio_train.npz", "audio", config.patch_size, seed=step + 2)
-    deadline = time.time() + args.minutes * 60
+    start = time.time()
+    budget = args.minutes * 60
     log = []
-    while time.time() < deadline and step < args.total_steps:
-        lr = args.lr * min(1.0, (step + 1) / 200) * 0.5 * (1 + math.cos(math.pi * min(step / args.total_steps, 1.0)))
+    while time.time() - start < budget and step < args.total_steps:
+        # warm-up, then a cosine over the run's wall-clock budget (one device call is the whole run)
+        progress = (time.time() - start) / budget
+        lr = args.lr * min(1.0, (step + 1) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in opt.param_groups:
             group["lr"] = lr
         with torch.autocast(args.device if args.device != "cpu" else "cpu", dtype=torch.bfloat16):
@@ -169,7 +173,8 @@ def main() -> None:
             log.append(entry)
             print(json.dumps(entry), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, args.out / "state.pt")
+    if args.save_state:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, args.out / "state.pt")
     model.save(args.out / "checkpoint")
     with open(args.out / "log.jsonl", "a") as f:
         f.writelines(json.dumps(e) + "\n" for e in log)
