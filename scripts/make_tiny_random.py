@@ -172,7 +172,7 @@ Special tokens (ids {first_special}-{last_special}): {specials}.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "assets" / "inkling-tiny")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "inkling-random")
     parser.add_argument("--patch-size", type=int, default=4, help="vision patch size (4 shrinks the tower ~7x)")
     args = parser.parse_args()
     out: Path = args.out

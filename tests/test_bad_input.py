@@ -80,16 +80,21 @@ def copy_tiny(tmp_path):
     return target
 
 
+def shards(model) -> list:
+    """The checkpoint's shard files, in index order."""
+    return sorted(set(json.loads((model / "model.safetensors.index.json").read_text())["weight_map"].values()))
+
+
 def test_missing_shard_names_the_file(tmp_path):
     model = copy_tiny(tmp_path)
-    (model / "model-00002-of-00003.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="model-00002-of-00003.safetensors, which is missing"):
+    (model / shards(model)[1]).unlink()
+    with pytest.raises(CheckpointError, match=f"{shards(model)[1]}, which is missing"):
         load_engine(str(model))
 
 
 def test_truncated_safetensors_says_copy_again(tmp_path):
     model = copy_tiny(tmp_path)
-    shard = model / "model-00001-of-00003.safetensors"
+    shard = model / shards(model)[0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="truncated"):
         load_engine(str(model))
@@ -97,7 +102,7 @@ def test_truncated_safetensors_says_copy_again(tmp_path):
 
 def test_garbage_safetensors_header(tmp_path):
     model = copy_tiny(tmp_path)
-    (model / "model-00003-of-00003.safetensors").write_bytes(b"not a safetensors file at all")
+    (model / shards(model)[-1]).write_bytes(b"not a safetensors file at all")
     with pytest.raises(CheckpointError, match="truncated or not a safetensors file"):
         load_engine(str(model))
 

@@ -106,7 +106,7 @@ def test_chat_messages_with_media_and_speculation_stay_lossless(mm):
         tokens, events = run_engine(engine, [request])[request.request_id]
         assert isinstance(events[0], Started) and events[0].image_tokens > 0 and events[0].audio_tokens > 0
         outputs.append(tokens)
-    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == 16
+    assert outputs[0] == outputs[1] == outputs[2] and 0 < len(outputs[0]) <= 16
     assert_all_free(engine)
 
 
