@@ -209,10 +209,36 @@ class Inkling(nn.Module):
             out.append(self.head(prev))
         return out
 
+    def load(self, checkpoint_dir: Path) -> None:
+        """Continue from a checkpoint this class saved (original key layout)."""
+        from safetensors.torch import load_file
+        saved = {}
+        for shard in sorted(Path(checkpoint_dir).glob("*.safetensors")):
+            saved.update(load_file(shard))
+        with torch.no_grad():
+            for key, param in self.tensors().items():
+                value = saved[key].float()
+                if key.endswith("w13_dn.weight"):   # rows interleaved gate/up
+                    block = self._owner(key)
+                    block.w_gate.copy_(value[0::2])
+                    block.w_up.copy_(value[1::2])
+                else:
+                    param.copy_(value)
+
+    def _owner(self, key: str) -> Block:
+        index = int(key.split(".")[3])
+        return (self.mtp if key.startswith("model.mtp.") else self.blocks)[index]
+
     def save(self, out_dir: Path, dtype=torch.bfloat16, max_shard_bytes: int = 15_000_000) -> None:
         """Safetensors shards in the original key layout, an index, and config.json."""
-        from safetensors.torch import save_file
-        c = self.c
+        t = self.tensors()
+        fp32 = ("sconv", "global_scale")   # kept fp32, as the reference keeps them
+        tensors = {k: v.detach().to("cpu", torch.float32 if any(f in k for f in fp32) else dtype).contiguous()
+                   for k, v in t.items()}
+        self._write(out_dir, tensors, max_shard_bytes)
+
+    def tensors(self) -> dict:
+        """Checkpoint key -> tensor (parameters, or the interleaved w13 built from them)."""
         t = {"model.llm.embed.weight": self.embed, "model.llm.embed_norm.weight": self.embed_norm,
              "model.llm.norm.weight": self.norm, "model.llm.unembed.weight": self.unembed}
         for i, block in enumerate(self.blocks):
@@ -228,9 +254,10 @@ class Inkling(nn.Module):
             t[f"model.visual.layers.norm_{i}.weight"] = w
         t.update({"model.visual.final_norm.weight": self.vision_final_norm, "model.audio.encoder.weight": self.audio_embed,
                   "model.audio.final_norm.weight": self.audio_norm})
-        fp32 = ("sconv", "global_scale")   # kept fp32, as the reference keeps them
-        tensors = {k: v.detach().to("cpu", torch.float32 if any(f in k for f in fp32) else dtype).contiguous()
-                   for k, v in t.items()}
+        return t
+
+    def _write(self, out_dir: Path, tensors: dict, max_shard_bytes: int) -> None:
+        from safetensors.torch import save_file
         out_dir.mkdir(parents=True, exist_ok=True)
         shards, current, size = [], {}, 0
         for key in sorted(tensors):

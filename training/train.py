@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--resume", type=Path)
+    parser.add_argument("--init", type=Path, help="start from the weights of a saved checkpoint directory")
+    parser.add_argument("--image-weight", type=float, default=1.0)
     parser.add_argument("--save-state", action="store_true", help="also write state.pt (weights + optimizer)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--media-batch", type=int, default=32)
@@ -133,6 +135,8 @@ def main() -> None:
     special = {"eos": 10, "pad": PAD, "image": IMAGE, "audio": AUDIO, "image_bos": 5, "audio_bos": 6}
     config = TinyConfig(vocab_size=-(-size // 64) * 64, unpadded_vocab_size=size, special=special)
     model = Inkling(config).to(args.device)
+    if args.init:
+        model.load(args.init)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     step = 0
     if args.resume and args.resume.exists():
@@ -158,7 +162,7 @@ def main() -> None:
             loss = main_loss + MTP_WEIGHT * sum(depth)
             image_loss, _ = losses(model, *images.batch(model, args.media_batch, args.device))
             audio_loss, _ = losses(model, *audio.batch(model, args.media_batch, args.device))
-            loss = loss + image_loss + audio_loss
+            loss = loss + args.image_weight * image_loss + audio_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
