@@ -155,7 +155,7 @@ def builders(events, t0):
 def test_every_plot_is_a_valid_plotly_figure_at_every_point_of_the_stream(name):
     events = ALL[name]["events"]
     for cut in (0, 1, 3, len(events) // 2, len(events)):
-        for key, fig in builders(events[:cut], ALL[name]["sent_at"]).items():
+        for fig in builders(events[:cut], ALL[name]["sent_at"]).values():
             go.Figure(fig)          # raises on anything plotly does not accept
             json.dumps(fig, allow_nan=False)
 
@@ -200,14 +200,14 @@ def test_the_dashboard_keeps_every_view_with_its_own_axes_legend_and_title(name)
     assert len(used) == sum(1 for row in rows for f in row if f["data"] and f["data"][0]["type"] != "indicator"
                             for k in f["layout"] if k.startswith("xaxis") and any(
                                 t.get("xaxis", "x") == "x" + k[5:] for t in f["data"]))
-    for trace in board["data"]:                 # every trace sits on axes that exist, inside the page
-        if trace["type"] == "indicator":
-            assert 0 <= trace["domain"]["x"][0] < trace["domain"]["x"][1] <= 1
+    for series in board["data"]:                # every trace sits on axes that exist, inside the page
+        if series["type"] == "indicator":
+            assert 0 <= series["domain"]["x"][0] < series["domain"]["x"][1] <= 1
             continue
-        x = board["layout"]["xaxis" + trace["xaxis"][1:]]
-        y = board["layout"]["yaxis" + trace["yaxis"][1:]]
+        x = board["layout"]["xaxis" + series["xaxis"][1:]]
+        y = board["layout"]["yaxis" + series["yaxis"][1:]]
         assert 0 <= x["domain"][0] < x["domain"][1] <= 1 and 0 <= y["domain"][0] < y["domain"][1] <= 1
-        assert x["anchor"] == trace["yaxis"] or y.get("overlaying")
+        assert x["anchor"] == series["yaxis"] or y.get("overlaying")
 
 
 def test_dashboard_cells_do_not_overlap():
@@ -305,6 +305,9 @@ def good_trace() -> list[str]:
                             '"tokens_per_s": 1, "running": 1, "waiting": 0, "kv": {"groups": {}}}}'], "NaN"),
     (lambda lines: lines + ['{"type": "event", "turn": 0, "event": {"type": "Error", "request_id": "r"}}'],
      "missing message"),
+    (lambda lines: lines + ['{"type": "event", "turn": 0, "event": {"type": "Metrics", "time": 1, "tokens_per_s": 1, '
+                            '"running": 1, "waiting": 0, "kv": {"groups": {"<a href=x>": {"used": 1, "total": 2}}}}}'],
+     "kv.*wrong type"),
     (lambda lines: lines + ['{"type": "turn", "user_text": "x", "settings": {"temperature": "__import__(\'os\')"}}'],
      "wrong type"),
 ])
@@ -326,6 +329,14 @@ def test_trace_size_limits_are_checked_before_parsing(monkeypatch):
     monkeypatch.setattr(trace, "MAX_LINE_BYTES", 100)
     with pytest.raises(trace.TraceError, match="longer than"):
         trace.parse(("\n".join(good_trace())).encode())
+
+
+def test_figures_in_a_trace_are_numbers_or_it_is_refused():
+    lines = good_trace()
+    finished = json.loads(lines[-1])
+    finished["event"]["spec_summary"]["mean_acceptance_length"] = "<img src=x onerror=alert(1)>"
+    with pytest.raises(trace.TraceError, match="spec_summary: field 'mean_acceptance_length'"):
+        trace.parse("\n".join(lines[:-1] + [json.dumps(finished)]).encode())
 
 
 def test_unknown_fields_are_dropped_not_kept():

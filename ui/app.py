@@ -23,7 +23,8 @@ from .views import engine_figure, figure, inspected_turn, panels
 
 CHAT_EVERY_S = 1 / 15          # redraw the answer this often while tokens stream,
 PLOTS_EVERY_S = 0.33           # and the plots this often;
-REDRAW_S_PER_TOKEN = 1e-4      # but a long answer costs the browser more per redraw: slow down (0.3 s at 3000)
+REDRAW_S_PER_TOKEN = 1e-4      # but a long conversation costs the browser more per redraw: slow down (0.3 s at
+                               # 3000 tokens)
 LOAD_WAIT_S = 900              # a message sent while the model loads waits this long for it
 PLAY_STEP_S = 0.6              # the ladder's autoplay pace
 SPEC_METHODS = ["none", "mtp", "ngram"]
@@ -56,7 +57,8 @@ class Playground:
                 status = gr.HTML(self._status_html(), elem_id="status")
             with gr.Sidebar(label="Sampling and prompt", open=False, width=320):
                 system_prompt = gr.Textbox("", label="System prompt", lines=2, placeholder="optional")
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)", elem_id="temperature")
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
+                                        elem_id="temperature")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
                 top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
                 seed = gr.Number(value=0, precision=0, label="Seed", elem_id="seed")
@@ -64,27 +66,30 @@ class Playground:
                 effort = gr.Dropdown(EFFORTS, value="off", label="Reasoning effort")
             with gr.Row(equal_height=False):
                 with gr.Column(scale=5, min_width=420):
+                    with gr.Row(equal_height=True, elem_id="toolbar"):
+                        preset = gr.Dropdown([PRESET_PROMPT, *self.presets], value=PRESET_PROMPT, show_label=False,
+                                             container=False, scale=3, elem_id="presets")
+                        clear = gr.Button("Clear", size="sm", elem_id="clear", min_width=70, scale=1)
+                        export = gr.DownloadButton("Export trace", size="sm", elem_id="export", min_width=110,
+                                                   scale=1)
                     chatbot = gr.HTML(render.conversation_html([]), elem_id="chat")
                     gr.HTML(render.legend_html())
                     box = gr.MultimodalTextbox(elem_id="message", sources=["upload"], file_count="multiple",
                                                show_label=False, autofocus=True,
                                                placeholder="Type a message, drop an image or audio clip…")
-                    # the box's own microphone records webm in Chrome, which the engine cannot read; this
-                    # recorder hands over WAV, attached to the message when the recording stops
-                    mic = gr.Audio(sources=["microphone"], type="filepath", format="wav", label="Record",
-                                   elem_id="mic", waveform_options=gr.WaveformOptions(sample_rate=16000))
+                    with gr.Row(equal_height=True):
+                        # the box's own microphone records webm in Chrome, which the engine cannot read;
+                        # this recorder hands over WAV, attached to the message when a recording stops
+                        mic = gr.Audio(sources=["microphone"], type="filepath", format="wav", show_label=False,
+                                       container=False, scale=3, elem_id="mic",
+                                       waveform_options=gr.WaveformOptions(sample_rate=16000))
+                        stop = gr.Button("■ Stop", variant="stop", elem_id="stop", min_width=90, scale=1)
                     with gr.Row(equal_height=True):
                         spec_method = gr.Radio(SPEC_METHODS, value=self.spec_default[0], label="Speculation", scale=3,
                                                elem_id="spec-method",
                                                info="temperature, seed, max tokens…: the › sidebar, top left")
                         num_spec = gr.Slider(1, 8, value=self.spec_default[1], step=1, label="Drafts per step", scale=2,
                                              elem_id="num-spec")
-                    with gr.Row(equal_height=True):
-                        preset = gr.Dropdown([PRESET_PROMPT, *self.presets], value=PRESET_PROMPT, show_label=False,
-                                             container=False, scale=3, elem_id="presets")
-                        stop = gr.Button("■ Stop", variant="stop", size="md", elem_id="stop", min_width=80)
-                        clear = gr.Button("Clear", size="md", elem_id="clear", min_width=80)
-                        export = gr.DownloadButton("Export trace", size="md", elem_id="export", min_width=150)
                 with gr.Column(scale=6, min_width=480):
                     with gr.Tabs():
                         with gr.Tab("Live", id="live") as live_tab:
@@ -106,8 +111,10 @@ class Playground:
                                                         value="Repeat this list three times: red, orange, yellow, "
                                                               "green, blue, indigo, violet.")
                             with gr.Row():
-                                compare_a = gr.Dropdown(self._spec_choices(), value="none", label="A", elem_id="compare-spec-a")
-                                compare_b = gr.Dropdown(self._spec_choices(), value="mtp ×3", label="B", elem_id="compare-spec-b")
+                                compare_a = gr.Dropdown(self._spec_choices(), value="none", label="A",
+                                                        elem_id="compare-spec-a")
+                                compare_b = gr.Dropdown(self._spec_choices(), value="mtp ×3", label="B",
+                                                        elem_id="compare-spec-b")
                             compare_btn = gr.Button("Run A, then B", variant="primary")
                             compare_verdict = gr.HTML(elem_id="compare-verdict")
                             with gr.Row():
@@ -211,7 +218,7 @@ class Playground:
             return
         turn.request_id, turn.sent_at = request.request_id, time.time()
         last_chat = last_plots = 0.0
-        num_tokens = 0
+        num_tokens = sum(len(s["emitted"]) for t in session.turns for s in t.steps)   # all the page redraws
         for event in self.hub.stream(session_hash, request):
             turn.record(event)
             num_tokens += len(event.get("emitted", ()))
@@ -222,7 +229,7 @@ class Playground:
                 last_chat, last_plots = now, (now if plots_due else last_plots)
 
     def _outputs(self, session: Session, view: dict, stage: str, pending: str | None = None) -> tuple:
-        """The chat's outputs: messages, input box, state, cards, five plots, ladder step and view, export
+        """The chat's outputs: conversation, input box, state, cards, plots, ladder step and view, export
         button. While streaming, every component gets a plain value (unchanged ones cost nothing to send):
         a property update (gr.skip() included) makes Gradio rebuild the component's config, so the box,
         slider and button are updated only at the start and the end. The state is mutated in place."""
@@ -287,10 +294,15 @@ class Playground:
         return ({"text": preset["text"], "files": preset["files"]}, s["temperature"], s["top_p"], s["top_k"],
                 s["seed"], s["max_tokens"], s["spec_method"], s["num_spec_tokens"], effort, s["system_prompt"])
 
-    def export(self, session: Session):
-        """Write this session as a JSONL trace and hand it to the browser."""
-        path = self.export_dir / f"inkling-trace-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        path.write_text("\n".join(trace.export_lines(session or Session(), self._engine_info())) + "\n")
+    def export(self, session: Session | None):
+        """Write this session as a JSONL trace (replacing its previous one) and hand it to the browser."""
+        session = session or Session()
+        if session.export_path:
+            Path(session.export_path).unlink(missing_ok=True)
+        folder = Path(tempfile.mkdtemp(dir=self.export_dir))         # one folder per file: names never collide
+        path = folder / f"inkling-trace-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        path.write_text("\n".join(trace.export_lines(session, self._engine_info())) + "\n")
+        session.export_path = str(path)
         return str(path)
 
     def compare(self, prompt: str, spec_a: str, spec_b: str, temperature=0.0, top_p=1.0, top_k=0, seed=0,
@@ -316,8 +328,9 @@ class Playground:
     def _compare_view(self, runs: list[Turn], crowded: bool, done: bool = False):
         a, b = runs
         note = "Other requests shared the engine during this run, so the timings are disturbed." if crowded else None
-        return (render.compare_side_html("A", a), render.compare_side_html("B", b),
-                render.compare_verdict_html(a, b, note) if done else render.compare_verdict_html(None, None, "running…"))
+        verdict = render.compare_verdict_html(a, b, note) if done else \
+            render.compare_verdict_html(None, None, "running…")
+        return render.compare_side_html("A", a), render.compare_side_html("B", b), verdict
 
     # -- status, engine-wide view, session lifetime ----------------------------------------------
     def loading_tick(self):

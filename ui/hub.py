@@ -6,6 +6,7 @@ a handler here only drains that queue, so sessions batch together in the engine'
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -14,6 +15,7 @@ from typing import Callable, Iterator
 
 from backend import Request, SamplingParams, SpecConfig
 
+log = logging.getLogger(__name__)
 ENGINE_METRICS_EVERY_S = 0.1
 ENGINE_HISTORY_S = 300
 RECENT_REQUESTS = 12
@@ -69,6 +71,7 @@ class EngineHub:
         try:
             self.set_engine(load())
         except Exception as exc:    # shown in the page: the server stays up for replay
+            log.exception("The model failed to load")
             self.error = f"{type(exc).__name__}: {exc}"
             self._ready.set()
 
@@ -108,8 +111,9 @@ class EngineHub:
     def stream(self, session: str, request: Request) -> Iterator[dict]:
         """Send a request and yield its events as dicts; Steps carry each token's text. Stopping early
         (closed tab, cancelled handler) closes the engine's stream, which aborts the request."""
-        live = LiveRequest(request.request_id, session,
-                           "none" if request.spec.method == "none" else f"{request.spec.method}×{request.spec.num_tokens}")
+        spec = request.spec
+        label = "none" if spec.method == "none" else f"{spec.method}×{spec.num_tokens}"
+        live = LiveRequest(request.request_id, session, label)
         with self._lock:
             self._live[request.request_id] = live
             self._sessions[session] = time.time()

@@ -122,7 +122,8 @@ def acceptance_length_figure(events: list[dict]) -> dict:
         layout["xaxis"]["title"]["text"] = f"step (the last {MAX_BARS})"
     shown = steps[-MAX_BARS:]
     colors = [_step_color(s) for s in shown]
-    data = [{"type": "bar", "name": "per step", "x": [s["step"] for s in shown], "y": [len(s["emitted"]) for s in shown],
+    data = [{"type": "bar", "name": "per step", "x": [s["step"] for s in shown],
+             "y": [len(s["emitted"]) for s in shown],
              "marker": {"color": colors, "line": {"width": 0}}, "showlegend": False,
              "customdata": [[len(s["drafted"]), s["accepted"]] for s in shown],
              "hovertemplate": "step %{x}: %{y} tokens<br>%{customdata[1]} accepted of %{customdata[0]} drafted"
@@ -188,7 +189,8 @@ def cache_figure(metrics: list[dict], t0: float | None, title: str = "Cache use 
                  "domain": {"x": [0.8, 1], "y": [0.12, 0.82]},
                  "gauge": {"axis": {"range": [0, 100], "showticklabels": False, "ticks": ""},
                            "bar": {"color": COLORS["full_attention"]},
-                           "steps": [{"range": [0, 80], "color": "#f2f2f2"}, {"range": [80, 100], "color": "#fde0c5"}]}})
+                           "steps": [{"range": [0, 80], "color": "#f2f2f2"},
+                                     {"range": [80, 100], "color": "#fde0c5"}]}})
     hit = kv.get("prefix_hit_rate")
     if hit is not None:
         layout["annotations"] = [{"text": f"prefix-cache hits {hit:.0%}<br>preemptions {kv.get('preemptions', 0)}",

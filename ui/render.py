@@ -117,7 +117,11 @@ def conversation_html(turns: list, pending: str | None = None) -> str:
         files = "".join(_attachment(f) for f in turn.files)
         text = f'<div class="msg-text">{escape(turn.user_text)}</div>' if turn.user_text else ""
         parts.append(f'<div class="msg user">{f"<div class=attachments>{files}</div>" if files else ""}{text}</div>')
-        reply = reply_html(turn.events, turn.settings, turn.sent_at, turn.notice)
+        if turn.is_done:
+            turn.rendered = turn.rendered or reply_html(turn.events, turn.settings, turn.sent_at, turn.notice)
+            reply = turn.rendered
+        else:
+            reply = reply_html(turn.events, turn.settings, turn.sent_at, turn.notice)
         if pending and turn is turns[-1]:
             reply = f'<div class="pending"><span class="spinner"></span> {escape(pending)}</div>'
         parts.append(f'<div class="msg bot">{reply}</div>')
@@ -208,7 +212,8 @@ def _rung_sentence(step: dict, has_detail: bool) -> str:
 def ladder_html(steps: list[dict], index: int) -> str:
     """The draft ladder around step `index`: each rung one step, its drafts above what the target chose."""
     if not steps:
-        return '<div class="ladder-empty">Send a message, then step through how each token was drafted and checked.</div>'
+        return ('<div class="ladder-empty">Send a message, then step through how each token was drafted and '
+                'checked.</div>')
     index = max(0, min(index, len(steps) - 1))
     has_detail = stats.has_draft_detail(steps)
     lo, hi = max(0, index - LADDER_CONTEXT), min(len(steps), index + LADDER_CONTEXT + 1)

@@ -2,7 +2,6 @@
 recorded. Everything the views draw is a pure function of these records, so a trace replays exactly."""
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 METRICS_EVERY_S = 0.1      # record engine-wide Metrics at most this often (the engine sends one per step)
@@ -21,6 +20,7 @@ class Turn:
     request_id: str | None = None
     sent_at: float | None = None             # wall clock when the request went to the engine
     notice: str | None = None
+    rendered: str | None = None              # the finished answer's HTML, kept: its events no longer change
     _last_metrics_at: float = -1.0
     _pending_metrics: dict | None = None
 
@@ -71,8 +71,8 @@ class Turn:
 @dataclass
 class Session:
     """What one browser tab has said and seen. Lives in a gr.State; the engine is shared (see hub.py)."""
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     turns: list[Turn] = field(default_factory=list)
+    export_path: str | None = None           # the trace last written for this tab's Export button
 
     @property
     def last(self) -> Turn | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ MAX_TURNS = 1000
 MAX_EVENTS = 400_000
 MAX_TEXT = 200_000
 MAX_LIST = 4096
+MAX_ACCEPTED = 64                                  # drafts per step are 1..8 today; leave room
+GROUP_NAME = re.compile(r"[A-Za-z0-9_]{1,40}")     # cache group names become plot labels
 
 
 class TraceError(ValueError):
@@ -75,20 +78,36 @@ def _probs(v) -> bool:
     return isinstance(v, list) and len(v) <= MAX_LIST and all(_num(x) for x in v)
 
 
-def _json_dict(v) -> bool:
-    """A small dict of plain JSON values (figures such as kv, spec, usage, timings)."""
-    return isinstance(v, dict) and len(json.dumps(v)) <= 64_000
+def _rates(v) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_LIST and all(x is None or _num(x) for x in v)
 
 
+def _groups(v) -> bool:
+    """kv.groups: plain names (they become plot labels) to {"used", "total"} numbers."""
+    return isinstance(v, dict) and len(v) <= 16 and all(
+        isinstance(name, str) and GROUP_NAME.fullmatch(name) and isinstance(g, dict) and g.keys() == {"used", "total"}
+        and _num(g["used"]) and _num(g["total"]) for name, g in v.items())
+
+
+# a dict value is a nested object, checked (and stripped of unknown fields) the same way
+SPEC_FIELDS = {"method": _str, "num_spec_tokens": _int, "num_drafts": _int, "num_draft_tokens": _int,
+               "num_accepted_tokens": _int, "num_accepted_tokens_per_pos": _ints, "num_drafted_per_pos": _ints,
+               "accepted_histogram": _ints, "mean_acceptance_length": _opt(_num), "acceptance_rate": _opt(_num),
+               "unconditional_acceptance_per_pos": _rates, "conditional_acceptance_per_pos": _rates}
+KV_FIELDS = {"groups": _groups, "conv_state": {"used": _int, "total": _int}, "use_fraction": _num, "block_size": _int,
+             "cached_free_blocks": _int, "prefix_hit_blocks": _int, "prefix_hit_rate": _num, "preemptions": _int}
 EVENT_FIELDS = {
     "Started": {"request_id": _str, "prompt_tokens": _int, "image_tokens": _int, "audio_tokens": _int,
                 "cached_tokens": _int, "notes": _strs},
     "Step": {"request_id": _str, "step": _int, "drafted": _ints, "accepted": _int, "emitted": _ints, "text": _str,
              "time": _num, "emitted_text": _strs, "drafted_text": _strs, "draft_probs": _probs},
-    "Metrics": {"time": _num, "tokens_per_s": _num, "running": _int, "waiting": _int, "kv": _json_dict,
-                "spec": _json_dict},
-    "Finished": {"request_id": _str, "reason": _str, "usage": _json_dict, "spec_summary": _json_dict,
-                 "timings": _json_dict},
+    "Metrics": {"time": _num, "tokens_per_s": _num, "running": _int, "waiting": _int, "kv": KV_FIELDS,
+                "spec": SPEC_FIELDS},
+    "Finished": {"request_id": _str, "reason": _str,
+                 "usage": {"prompt_tokens": _int, "completion_tokens": _int, "cached_tokens": _int},
+                 "spec_summary": SPEC_FIELDS,
+                 "timings": {"ttft_s": _opt(_num), "decode_s": _opt(_num), "total_s": _opt(_num),
+                             "tokens_per_s": _opt(_num)}},
     "Error": {"request_id": _str, "message": _str},
 }
 REQUIRED = {"Started": {"request_id", "prompt_tokens"},
@@ -106,10 +125,16 @@ def _checked(obj: dict, fields: dict, required: set, where: str) -> dict:
         raise TraceError(f"{where}: missing {', '.join(sorted(missing))}.")
     out = {}
     for key, check in fields.items():
-        if key in obj:
-            if not check(obj[key]):
-                raise TraceError(f"{where}: field {key!r} has the wrong type or is too long.")
+        if key not in obj:
+            continue
+        if isinstance(check, dict):
+            if not isinstance(obj[key], dict):
+                raise TraceError(f"{where}: field {key!r} must be an object.")
+            out[key] = _checked(obj[key], check, set(), f"{where}, {key}")
+        elif check(obj[key]):
             out[key] = obj[key]
+        else:
+            raise TraceError(f"{where}: field {key!r} has the wrong type or is too long.")
     return out
 
 
@@ -118,13 +143,10 @@ def _event(obj, where: str) -> dict:
     if kind not in EVENT_FIELDS:
         raise TraceError(f"{where}: unknown event type {kind!r}.")
     event = {"type": kind, **_checked(obj, EVENT_FIELDS[kind], REQUIRED[kind], where)}
-    if kind == "Step" and not 0 <= event["accepted"] <= len(event["emitted"]) + len(event["drafted"]):
-        raise TraceError(f"{where}: 'accepted' is out of range.")
-    if kind == "Metrics":
-        groups = event["kv"].get("groups")
-        if not isinstance(groups, dict) or not all(isinstance(g, dict) and _num(g.get("used")) and _num(g.get("total"))
-                                                   for g in groups.values()):
-            raise TraceError(f"{where}: kv.groups must map each group to numbers 'used' and 'total'.")
+    if kind == "Step" and not 0 <= event["accepted"] <= MAX_ACCEPTED:
+        raise TraceError(f"{where}: 'accepted' must be between 0 and {MAX_ACCEPTED}.")
+    if kind == "Metrics" and "groups" not in event["kv"]:
+        raise TraceError(f"{where}: kv.groups is missing.")
     return event
 
 
@@ -162,7 +184,7 @@ def parse(data: bytes) -> Trace:
         if len(line) > MAX_LINE_BYTES:
             raise TraceError(f"Line {number} is longer than {MAX_LINE_BYTES >> 10} KB.")
         try:
-            obj = json.loads(line, parse_constant=lambda c: _reject_constant(c, number))
+            obj = json.loads(line, parse_constant=lambda c, number=number: _reject_constant(c, number))
         except json.JSONDecodeError as exc:
             raise TraceError(f"Line {number} is not valid JSON ({exc.msg}).") from None
         if not isinstance(obj, dict):
@@ -172,7 +194,8 @@ def parse(data: bytes) -> Trace:
     if header.get("type") != "trace" or header.get("version") != VERSION:
         raise TraceError(f"Line 1 is not a version-{VERSION} trace header; load a .jsonl file exported by this "
                          "playground.")
-    engine = header.get("engine") if _json_dict(header.get("engine")) else {}
+    engine = header.get("engine") if isinstance(header.get("engine"), dict) else {}
+    engine = _checked(engine, {"model": _str, "backend": _str, "device": _str, "dtype": _str}, set(), "Line 1")
     turns: list[Turn] = []
     for number, obj in enumerate(objects[1:], 2):
         where = f"Line {number}"
@@ -186,7 +209,7 @@ def parse(data: bytes) -> Trace:
             turns[-1].events.append(_event(obj.get("event"), where))
         else:
             raise TraceError(f"{where}: unknown line type {obj.get('type')!r}; expected 'turn' or 'event'.")
-    return Trace({k: v for k, v in engine.items() if isinstance(k, str)}, turns)
+    return Trace(engine, turns)
 
 
 def _reject_constant(name: str, number: int):

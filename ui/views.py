@@ -9,7 +9,7 @@ from .session import Session, Turn
 
 
 def figure(fig: dict) -> str:
-    """A plotly figure dict as a PlotView's value: its JSON (see plot_view.py)."""
+    """A plotly figure dict as a PlotView's value: its JSON (plot_view.py draws it)."""
     return json.dumps(fig, allow_nan=False)
 
 
