@@ -1685,28 +1685,61 @@ def build_text(sizes: Sizes, seed: int, notes: list[str]) -> tuple[list[Doc], li
     return train, val, prose_stats
 
 
+def image_conversation(image_first: bool, qa: list[tuple[str, str]]) -> list[dict]:
+    """A chat about one image: the first question beside the image (before or after it), the rest as text turns."""
+    question, answer = qa[0]
+    image_part = {"type": "image"}
+    if not question:
+        parts = [image_part]
+    else:
+        parts = [image_part, {"type": "text", "text": question}] if image_first else [{"type": "text", "text": question}, image_part]
+    messages = [{"role": "user", "content": parts}, {"role": "model", "content": answer}]
+    for q, a in qa[1:]:
+        messages += [{"role": "user", "content": q}, {"role": "model", "content": a}]
+    return messages
+
+
+HELDOUT_QUESTIONS = ["What shape is this?", "What is in this picture?", "Describe the image.", "What do you see?"]
+
+
+def shape_questions(rng: random.Random, count: int, exclude: set[bytes]) -> list[dict]:
+    """Single shapes at sizes 32-48, each asked one question in turn: the held-out set (and, with another
+    seed, the trainer's validation set). Images whose pixels are in `exclude` are skipped."""
+    items = []
+    while len(items) < count:
+        image, label = render_shape(rng, size=rng.choice((32, 32, 40, 48)))
+        if np.asarray(image).tobytes() in exclude:
+            continue
+        question = HELDOUT_QUESTIONS[len(items) % len(HELDOUT_QUESTIONS)]
+        answer = f"{cap(a_an(label['colour']))} {label['shape']}."  # scoring uses label's shape and colour
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]},
+                    {"role": "model", "content": answer}]
+        label = {**label, "question": question, "height": image.height, "width": image.width}
+        items.append({"image": image, "label": label, "conversation": messages})
+    return items
+
+
+def shape_conversations(rng: random.Random, count: int, exclude: set[bytes]) -> list[dict]:
+    """More single-shape training chats like build_images' own (for the trainer's fresh renders)."""
+    items = []
+    while len(items) < count:
+        image, label = render_shape(rng)
+        if np.asarray(image).tobytes() in exclude:
+            continue
+        items.append({"image": image, "label": label, "conversation": image_conversation(rng.random() < 0.5, image_qa(rng, label))})
+    return items
+
+
 def build_images(sizes: Sizes, seed: int, out: Path, notes: list[str]) -> tuple[list[dict], list[dict], dict]:
     rng = random.Random(f"{seed}-images")
     train, heldout = [], []
     renderers = [(render_shape, sizes.num_shape_images), (render_count, sizes.num_count_images),
                  (render_position, sizes.num_position_images), (render_word, sizes.num_word_images)]
 
-    def conversation(image_first: bool, qa: list[tuple[str, str]]) -> list[dict]:
-        question, answer = qa[0]
-        image_part = {"type": "image"}
-        if not question:
-            parts = [image_part]
-        else:
-            parts = [image_part, {"type": "text", "text": question}] if image_first else [{"type": "text", "text": question}, image_part]
-        messages = [{"role": "user", "content": parts}, {"role": "model", "content": answer}]
-        for q, a in qa[1:]:
-            messages += [{"role": "user", "content": q}, {"role": "model", "content": a}]
-        return messages
-
     for render, count in renderers:
         for _ in range(count):
             image, label = render(rng)
-            train.append({"image": image, "label": label, "conversation": conversation(rng.random() < 0.5, image_qa(rng, label))})
+            train.append({"image": image, "label": label, "conversation": image_conversation(rng.random() < 0.5, image_qa(rng, label))})
     photo_dir, photo_stats = skimage_data_dir(), {}
     if photo_dir is None:
         notes.append("sample photos skipped: scikit-image is not installed (pip install scikit-image)")
@@ -1721,7 +1754,7 @@ def build_images(sizes: Sizes, seed: int, out: Path, notes: list[str]) -> tuple[
             crops[0].save(out / "images" / "photos" / (Path(name).stem + ".png"))
             for crop in crops:
                 label = {"kind": "photo", "name": name}
-                train.append({"image": crop, "label": label, "conversation": conversation(rng.random() < 0.5, photo_qa(rng, name))})
+                train.append({"image": crop, "label": label, "conversation": image_conversation(rng.random() < 0.5, photo_qa(rng, name))})
             photo_stats[name] = {"licence": licence, "crops": len(crops)}
     rng.shuffle(train)
 
@@ -1730,20 +1763,10 @@ def build_images(sizes: Sizes, seed: int, out: Path, notes: list[str]) -> tuple[
     held_dir = out / "images" / "heldout"
     held_dir.mkdir(parents=True, exist_ok=True)
     train_hashes = {np.asarray(t["image"]).tobytes() for t in train}
-    questions = ["What shape is this?", "What is in this picture?", "Describe the image.", "What do you see?"]
-    i = 0
-    while len(heldout) < sizes.num_heldout_images:
-        image, label = render_shape(held_rng, size=held_rng.choice((32, 32, 40, 48)))
-        if np.asarray(image).tobytes() in train_hashes:
-            continue
-        question = questions[i % len(questions)]
-        answer = f"{cap(a_an(label['colour']))} {label['shape']}."  # scoring uses label's shape and colour
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]},
-                    {"role": "model", "content": answer}]
-        label = {**label, "file": f"{i:04d}.png", "question": question, "height": image.height, "width": image.width}
-        image.save(held_dir / label["file"])
-        heldout.append({"image": image, "label": label, "conversation": messages})
-        i += 1
+    heldout = shape_questions(held_rng, sizes.num_heldout_images, exclude=train_hashes)
+    for i, item in enumerate(heldout):
+        item["label"]["file"] = f"{i:04d}.png"
+        item["image"].save(held_dir / item["label"]["file"])
     with open(out / "images" / "heldout.jsonl", "w") as f:
         for item in heldout:
             f.write(json.dumps(item["label"]) + "\n")

@@ -86,10 +86,11 @@ class Block(nn.Module):
         q = rms_norm((h @ self.wq.t()).view(B, T, self.h, self.d), self.q_norm)
         k = rms_norm(short_conv(h @ self.wk.t(), self.k_sconv).view(B, T, self.kvh, self.d), self.k_norm)
         v = short_conv(h @ self.wv.t(), self.v_sconv).view(B, T, self.kvh, self.d)
-        table = (h @ self.wr.t()).view(B, T, self.h, self.d_rel) @ self.rel_proj          # [B, T, H, extent]
+        # distances reach T - 1 at most: the table needs only its first min(T, extent) columns
+        table = (h @ self.wr.t()).view(B, T, self.h, self.d_rel) @ self.rel_proj[:, :T]     # [B, T, H, min(T, extent)]
         pos = torch.arange(T, device=x.device)
         dist = pos[:, None] - pos[None, :]                                                 # [T, T]
-        index = dist.clamp(0, self.extent - 1)[None, None].expand(B, self.h, T, T)
+        index = dist.clamp(0, table.shape[-1] - 1)[None, None].expand(B, self.h, T, T)
         bias = table.permute(0, 2, 1, 3).gather(-1, index)
         bias = bias.masked_fill(((dist < 0) | (dist >= self.extent))[None, None], 0.0)
         if self.log_floor is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
+import sys
 import time
 from pathlib import Path
 
@@ -39,58 +41,135 @@ class TextStream:
 
 CLIP_MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
 CLIP_STD = torch.tensor([0.26862954, 0.26130258, 0.27577711])
-MESSAGE_MODEL, PAD, IMAGE, AUDIO = 1, 13, 11, 12
+MESSAGE_MODEL, EOS, PAD, IMAGE, AUDIO = 1, 10, 13, 11, 12
 
 
 def patchify(pixels: torch.Tensor, patch: int) -> torch.Tensor:
-    """uint8 [H, W, 3] -> [N, 2, P, P, 3] as the engine's backend/media.py feeds the tower: pad with -1
-    on the 0-255 scale to ceil(H/P) rows x (floor(W/P) + 1) columns of patches, then (x - 255 mean) /
-    (255 std), each patch repeated as 2 frames."""
+    """uint8 [H, W, 3] -> [N, P, P, 3] as the engine's backend/media.py makes them: pad with -1 on the
+    0-255 scale to ceil(H/P) rows x (floor(W/P) + 1) columns of patches, then (x - 255 mean) / (255 std).
+    (The tower sees each patch repeated as 2 frames: Examples.take does that.)"""
     H, W, _ = pixels.shape
     rows, cols = -(-H // patch), W // patch + 1
     canvas = torch.full((rows * patch, cols * patch, 3), -1.0)
     canvas[:H, :W] = pixels.float()
     canvas = (canvas - CLIP_MEAN * 255) / (CLIP_STD * 255)
     patches = canvas.reshape(rows, patch, cols, patch, 3).permute(0, 2, 1, 3, 4).reshape(-1, patch, patch, 3)
-    return patches[:, None].expand(-1, 2, -1, -1, -1)
+    return patches
+
+
+def load_pack(path: Path, kind: str, patch: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(token ids per example, media per example: image patches [N, P, P, 3] or dMel frames [F, 80])."""
+    d = {k: v for k, v in np.load(path).items()}   # decompress each array once
+    ids = [torch.from_numpy(d["input_ids"][a:b].astype(np.int64)) for a, b in zip(d["id_offsets"][:-1], d["id_offsets"][1:])]
+    if kind == "image":
+        media = [patchify(torch.from_numpy(d["pixels"][a:b].reshape(h, w, 3)), patch)
+                 for a, b, h, w in zip(d["pixel_offsets"][:-1], d["pixel_offsets"][1:], d["heights"], d["widths"])]
+    else:   # two 4-bit dMel bins per byte
+        packed = torch.from_numpy(d["bins_packed"].astype(np.int64))
+        bins = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+        media = [bins[a:b] for a, b in zip(d["frame_offsets"][:-1], d["frame_offsets"][1:])]
+    return ids, media
+
+
+ROLE_MARKERS = (0, 1, 2, 3)   # <|message_user|>, <|message_model|>, <|message_system|>, <|message_tool|>
+
+
+def answer_mask(ids: torch.Tensor) -> torch.Tensor:
+    """True at the tokens of every model turn (after its <|message_model|>, up to the next role marker):
+    the loss covers all of a chat's answers, the first one (which names the image) included."""
+    is_marker = torch.isin(ids, torch.tensor(ROLE_MARKERS))
+    turn = torch.cumsum(is_marker.long(), 0)                    # which turn each token is in
+    marker_of_turn = torch.cat([torch.tensor([-1]), ids[is_marker]])
+    return (marker_of_turn[turn] == MESSAGE_MODEL) & ~is_marker
 
 
 class Examples:
-    """Chat examples with one image or one audio clip each (packed by scripts/build_data.py)."""
+    """Chat examples with one image or one audio clip each (packed by scripts/build_data.py), kept on the
+    device: ids padded to one matrix, image patches (or dMel frames) concatenated, so a batch is a gather."""
 
-    def __init__(self, path: Path, kind: str, patch: int, seed: int):
-        d = {k: v for k, v in np.load(path).items()}   # decompress each array once
-        self.kind, self.patch = kind, patch
-        self.ids = [torch.from_numpy(d["input_ids"][a:b].astype(np.int64))
-                    for a, b in zip(d["id_offsets"][:-1], d["id_offsets"][1:])]
-        if kind == "image":
-            self.media = [torch.from_numpy(d["pixels"][a:b].reshape(h, w, 3))
-                          for a, b, h, w in zip(d["pixel_offsets"][:-1], d["pixel_offsets"][1:], d["heights"], d["widths"])]
-        else:   # two 4-bit dMel bins per byte
-            packed = torch.from_numpy(d["bins_packed"].astype(np.int64))
-            bins = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
-            self.media = [bins[a:b] for a, b in zip(d["frame_offsets"][:-1], d["frame_offsets"][1:])]
+    def __init__(self, ids: list[torch.Tensor], media: list[torch.Tensor], kind: str, device, seed: int):
+        self.kind = kind
+        lengths = torch.tensor([len(x) for x in ids])
+        self.ids = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=PAD).to(device)
+        self.lengths = lengths.to(device)
+        self.mask = torch.nn.utils.rnn.pad_sequence([answer_mask(x) for x in ids], batch_first=True).to(device)
+        self.rows = torch.cat(media).to(device)        # [total rows, ...]: patches [P, P, 3] or frames [80]
+        counts = torch.tensor([len(m) for m in media])
+        self.row_counts = counts.to(device)
+        self.row_starts = (torch.cumsum(counts, 0) - counts).to(device)
         self.gen = torch.Generator().manual_seed(seed)
 
-    def batch(self, model: Inkling, size: int, device):
-        """(ids [B, T+1] padded, media rows, their flat positions in ids[:, :-1], loss mask)."""
-        pick = torch.randint(0, len(self.ids), (size,), generator=self.gen).tolist()
-        T = max(len(self.ids[i]) for i in pick)
-        ids = torch.full((size, T), PAD, dtype=torch.long)
-        mask = torch.zeros((size, T), dtype=torch.bool)
-        for row, i in enumerate(pick):
-            seq = self.ids[i]
-            ids[row, :len(seq)] = seq
-            answer = int((seq == MESSAGE_MODEL).nonzero()[-1]) + 1   # loss on the model's answer only
-            mask[row, answer:len(seq)] = True
-        ids, mask = ids.to(device), mask.to(device)
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, model: Inkling, pick: torch.Tensor):
+        """(ids [B, T] padded, media rows, their flat positions in ids[:, :-1], loss mask) for rows `pick`."""
+        pick = pick.to(self.ids.device)
+        T = int(self.lengths[pick].max())
+        ids, mask = self.ids[pick, :T], self.mask[pick, :T]
+        counts, starts = self.row_counts[pick], self.row_starts[pick]
+        offsets = torch.arange(int(counts.sum()), device=ids.device) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        rows = self.rows[torch.repeat_interleave(starts, counts) + offsets]
         if self.kind == "image":
-            rows = model.encode_images(torch.cat([patchify(self.media[i], self.patch) for i in pick]).to(device))
+            rows = model.encode_images(rows[:, None].expand(-1, 2, -1, -1, -1))   # each patch as 2 frames
+            index = (ids[:, :-1] == IMAGE).flatten().nonzero().squeeze(1)
         else:
-            rows = model.encode_audio(torch.cat([self.media[i] for i in pick]).to(device))
-        placeholder = IMAGE if self.kind == "image" else AUDIO
-        index = (ids[:, :-1] == placeholder).flatten().nonzero().squeeze(1)
+            rows = model.encode_audio(rows)
+            index = (ids[:, :-1] == AUDIO).flatten().nonzero().squeeze(1)
         return ids, rows, index, mask
+
+    def batch(self, model: Inkling, size: int):
+        return self.take(model, torch.randint(0, len(self), (size,), generator=self.gen))
+
+
+def fresh_images(data: Path, patch: int, count: int, seed: str, validation: bool = False):
+    """Render `count` new single-shape images with the data builder's own code (scripts/build_data.py),
+    never one of the held-out images. Training chats by default; with `validation`, held-out-style
+    questions (ids end at the generation prompt) and their labels."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import build_data
+    from backend.tokenizer import ChatTokenizer
+    from tokenizers import Tokenizer
+    tokenizer = ChatTokenizer(Tokenizer.from_file(str(data / "tokenizer.json")))
+    held = np.load(data / "images_heldout.npz")
+    exclude = {held["pixels"][a:b].tobytes() for a, b in zip(held["pixel_offsets"][:-1], held["pixel_offsets"][1:])}
+    rng = random.Random(seed)
+    items = (build_data.shape_questions if validation else build_data.shape_conversations)(rng, count, exclude)
+    ids, media = [], []
+    for item in items:
+        pixels = np.asarray(item["image"], dtype=np.uint8)
+        n = build_data.image_tokens(pixels.shape[0], pixels.shape[1], patch)
+        messages = item["conversation"][:1] if validation else item["conversation"]
+        ids.append(torch.tensor(build_data.chat_ids(tokenizer, messages, [n], generation_prompt=validation)))
+        media.append(patchify(torch.from_numpy(pixels.copy()), patch))
+    return ids, media, [item["label"] for item in items], tokenizer
+
+
+@torch.no_grad()
+def image_accuracy(model: Inkling, examples: Examples, labels: list[dict], tokenizer, max_tokens: int = 12) -> float:
+    """Greedy answers to validation questions (each ends at the generation prompt), scored as
+    training/evaluate.py scores the held-out set: right when the answer names the shape and the colour."""
+    model.eval()
+    B = len(examples)
+    ids, rows, _, _ = examples.take(model, torch.arange(B))
+    lengths = examples.lengths.clone()
+    placeholders = (ids == IMAGE).nonzero()                     # [M, 2] (row, column), row-major like the rows
+    ids = torch.cat([ids, torch.full((B, max_tokens), PAD, device=ids.device)], dim=1)
+    index = placeholders[:, 0] * ids.shape[1] + placeholders[:, 1]
+    answers = torch.zeros((B, max_tokens), dtype=torch.long, device=ids.device)
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        for t in range(max_tokens):
+            _, logits = model(ids, rows, index)
+            nxt = logits[torch.arange(B), lengths - 1, :model.c.unpadded_vocab_size].argmax(-1)
+            ids[torch.arange(B), lengths] = nxt
+            answers[:, t] = nxt
+            lengths += 1
+    model.train()
+    correct = 0
+    for label, answer in zip(labels, answers.tolist()):
+        text = tokenizer.decode(answer[:answer.index(EOS)] if EOS in answer else answer).lower()
+        correct += label["shape"] in text and label["colour"] in text
+    return correct / B
 
 
 def losses(model: Inkling, ids: torch.Tensor, media_rows=None, media_index=None, loss_mask=None):
@@ -123,6 +202,8 @@ def main() -> None:
     parser.add_argument("--save-state", action="store_true", help="also write state.pt (weights + optimizer)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--media-batch", type=int, default=32)
+    parser.add_argument("--image-batch", type=int, help="images per step (default: --media-batch)")
+    parser.add_argument("--fresh-images", type=int, default=0, help="render this many more single-shape chats")
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--total-steps", type=int, default=10**9, help="stop after this many steps")
@@ -146,8 +227,14 @@ def main() -> None:
         step = state["step"]
     stream = TextStream(args.data / "text_train.bin", args.length, seed=step)
     val = TextStream(args.data / "text_val.bin", args.length, seed=1)
-    images = Examples(args.data / "images_train.npz", "image", config.patch_size, seed=step + 1)
-    audio = Examples(args.data / "audio_train.npz", "audio", config.patch_size, seed=step + 2)
+    ids, media = load_pack(args.data / "images_train.npz", "image", config.patch_size)
+    if args.fresh_images:
+        more_ids, more_media, _, _ = fresh_images(args.data, config.patch_size, args.fresh_images, seed=f"fresh-{step}")
+        ids, media = ids + more_ids, media + more_media
+    images = Examples(ids, media, "image", args.device, seed=step + 1)
+    audio = Examples(*load_pack(args.data / "audio_train.npz", "audio", config.patch_size), "audio", args.device, seed=step + 2)
+    val_ids, val_media, val_labels, tokenizer = fresh_images(args.data, config.patch_size, 300, seed="validation", validation=True)
+    val_images = Examples(val_ids, val_media, "image", args.device, seed=0)
     start = time.time()
     budget = args.minutes * 60
     log = []
@@ -160,8 +247,8 @@ def main() -> None:
         with torch.autocast(args.device if args.device != "cpu" else "cpu", dtype=torch.bfloat16):
             main_loss, depth = losses(model, stream.batch(args.batch, args.device))
             loss = main_loss + MTP_WEIGHT * sum(depth)
-            image_loss, _ = losses(model, *images.batch(model, args.media_batch, args.device))
-            audio_loss, _ = losses(model, *audio.batch(model, args.media_batch, args.device))
+            image_loss, _ = losses(model, *images.batch(model, args.image_batch or args.media_batch))
+            audio_loss, _ = losses(model, *audio.batch(model, args.media_batch))
             loss = loss + args.image_weight * image_loss + audio_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -171,15 +258,19 @@ def main() -> None:
         if step % 100 == 0:
             with torch.no_grad(), torch.autocast(args.device if args.device != "cpu" else "cpu", dtype=torch.bfloat16):
                 v_main, v_depth = losses(model, val.batch(args.batch, args.device))
-            entry = {"step": step, "lr": lr, "loss": float(main_loss), "image_loss": float(image_loss),
+            entry = {"step": step, "minutes": round((time.time() - start) / 60, 2), "lr": lr, "loss": float(main_loss), "image_loss": float(image_loss),
                      "audio_loss": float(audio_loss), "val_loss": float(v_main),
                      "val_ppl": math.exp(float(v_main)), "val_mtp": [float(d) for d in v_depth]}
+            if step % 500 == 0:
+                entry["val_image_accuracy"] = image_accuracy(model, val_images, val_labels, tokenizer)
             log.append(entry)
             print(json.dumps(entry), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.save_state:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, args.out / "state.pt")
     model.save(args.out / "checkpoint")
+    log.append({"step": step, "final_val_image_accuracy": image_accuracy(model, val_images, val_labels, tokenizer)})
+    print(json.dumps(log[-1]))
     with open(args.out / "log.jsonl", "a") as f:
         f.writelines(json.dumps(e) + "\n" for e in log)
     print(json.dumps({"done": step}))
