@@ -1714,7 +1714,7 @@ def shape_questions(rng: random.Random, count: int, exclude: set[bytes]) -> list
         answer = f"{cap(a_an(label['colour']))} {label['shape']}."  # scoring uses label's shape and colour
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]},
                     {"role": "model", "content": answer}]
-        label = {**label, "question": question, "height": image.height, "width": image.width}
+        label = {**label, "file": f"{len(items):04d}.png", "question": question, "height": image.height, "width": image.width}
         items.append({"image": image, "label": label, "conversation": messages})
     return items
 
@@ -1764,8 +1764,7 @@ def build_images(sizes: Sizes, seed: int, out: Path, notes: list[str]) -> tuple[
     held_dir.mkdir(parents=True, exist_ok=True)
     train_hashes = {np.asarray(t["image"]).tobytes() for t in train}
     heldout = shape_questions(held_rng, sizes.num_heldout_images, exclude=train_hashes)
-    for i, item in enumerate(heldout):
-        item["label"]["file"] = f"{i:04d}.png"
+    for item in heldout:
         item["image"].save(held_dir / item["label"]["file"])
     with open(out / "images" / "heldout.jsonl", "w") as f:
         for item in heldout:

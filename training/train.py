@@ -132,7 +132,8 @@ def fresh_images(data: Path, patch: int, count: int, seed: str, validation: bool
     from tokenizers import Tokenizer
     tokenizer = ChatTokenizer(Tokenizer.from_file(str(data / "tokenizer.json")))
     held = np.load(data / "images_heldout.npz")
-    exclude = {held["pixels"][a:b].tobytes() for a, b in zip(held["pixel_offsets"][:-1], held["pixel_offsets"][1:])}
+    pixels, offsets = held["pixels"], held["pixel_offsets"]
+    exclude = {pixels[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:])}
     rng = random.Random(seed)
     items = (build_data.shape_questions if validation else build_data.shape_conversations)(rng, count, exclude)
     ids, media = [], []
