@@ -20,3 +20,28 @@ def test_shipped_model_greedy_output_equals_transformers():
                              eos_token_id=engine.config.eos_token_ids[0])
     assert tokens == out[0, len(ids):].tolist()
     assert len(engine.tokenizer.decode(tokens).split()) >= 5   # it writes words
+
+
+def _answer(engine, content, spec=None) -> tuple[str, dict]:
+    from backend import SpecConfig
+    request = Request(messages=[{"role": "user", "content": content}], sampling=SamplingParams(max_tokens=48),
+                      spec=spec or SpecConfig("none"))
+    from backend.events import Finished
+    tokens, events = run_engine(engine, [request])[request.request_id]
+    finished = next(e for e in events if isinstance(e, Finished))
+    return engine.tokenizer.decode(tokens), finished.spec_summary
+
+
+def test_the_example_presets_get_right_answers():
+    """What a new user tries first: the example picture, the example clip (a voice held out from
+    training) and MTP speculation on the explanation preset."""
+    from backend import SpecConfig
+    engine = load_engine(TINY)
+    text, _ = _answer(engine, [{"type": "image", "path": "assets/examples/two-shapes.png"},
+                               {"type": "text", "text": "What shapes and colours are in this picture?"}])
+    assert all(word in text.lower() for word in ("orange", "cross", "purple", "triangle")), text
+    text, _ = _answer(engine, [{"type": "audio", "path": "assets/examples/kite.ogg"},
+                               {"type": "text", "text": "What does the speaker say?"}])
+    assert "green kite" in text.lower(), text
+    text, spec = _answer(engine, "Explain in a paragraph why the sky is blue.", SpecConfig("mtp", 3))
+    assert "blue" in text.lower() and spec["mean_acceptance_length"] > 2.5, (text, spec)
