@@ -47,7 +47,7 @@ MESSAGE_MODEL, EOS, PAD, IMAGE, AUDIO = 1, 10, 13, 11, 12
 def patchify(pixels: torch.Tensor, patch: int) -> torch.Tensor:
     """uint8 [H, W, 3] -> [N, P, P, 3] as the engine's backend/media.py makes them: pad with -1 on the
     0-255 scale to ceil(H/P) rows x (floor(W/P) + 1) columns of patches, then (x - 255 mean) / (255 std).
-    (The tower sees each patch repeated as 2 frames: Examples.take does that.)"""
+    (The tower sees each patch repeated as 2 frames: Chats.batch does that.)"""
     H, W, _ = pixels.shape
     rows, cols = -(-H // patch), W // patch + 1
     canvas = torch.full((rows * patch, cols * patch, 3), -1.0)
@@ -83,43 +83,64 @@ def answer_mask(ids: torch.Tensor) -> torch.Tensor:
     return (marker_of_turn[turn] == MESSAGE_MODEL) & ~is_marker
 
 
-class Examples:
-    """Chat examples with one image or one audio clip each (packed by scripts/build_data.py), kept on the
-    device: ids padded to one matrix, image patches (or dMel frames) concatenated, so a batch is a gather."""
+class Chats:
+    """Chats for the media loss: each row is up to `max_history` earlier exchanges (a text chat, an image
+    chat or an audio chat, drawn at random) and then one image or audio chat. The wire format concatenates
+    (each message delimits itself), so a row is its chats' ids end to end; the media rows follow in order.
+    Without history the model only learns to answer about the first picture of a conversation."""
 
-    def __init__(self, ids: list[torch.Tensor], media: list[torch.Tensor], kind: str, device, seed: int):
-        self.kind = kind
-        lengths = torch.tensor([len(x) for x in ids])
-        self.ids = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=PAD).to(device)
-        self.lengths = lengths.to(device)
-        self.mask = torch.nn.utils.rnn.pad_sequence([answer_mask(x) for x in ids], batch_first=True).to(device)
-        self.rows = torch.cat(media).to(device)        # [total rows, ...]: patches [P, P, 3] or frames [80]
-        counts = torch.tensor([len(m) for m in media])
-        self.row_counts = counts.to(device)
-        self.row_starts = (torch.cumsum(counts, 0) - counts).to(device)
-        self.gen = torch.Generator().manual_seed(seed)
+    HISTORY = ("text", "image", "audio")
 
-    def __len__(self) -> int:
-        return len(self.ids)
+    def __init__(self, pools: dict[str, tuple[list[torch.Tensor], list, str]], seed: int):
+        self.pools = pools      # name -> (ids per chat, media per chat (None for text), "image"/"audio"/"text")
+        self.rng = random.Random(seed)
 
-    def take(self, model: Inkling, pick: torch.Tensor):
-        """(ids [B, T] padded, media rows, their flat positions in ids[:, :-1], loss mask) for rows `pick`."""
-        pick = pick.to(self.ids.device)
-        T = int(self.lengths[pick].max())
-        ids, mask = self.ids[pick, :T], self.mask[pick, :T]
-        counts, starts = self.row_counts[pick], self.row_starts[pick]
-        offsets = torch.arange(int(counts.sum()), device=ids.device) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        rows = self.rows[torch.repeat_interleave(starts, counts) + offsets]
-        if self.kind == "image":
-            rows = model.encode_images(rows[:, None].expand(-1, 2, -1, -1, -1))   # each patch as 2 frames
-            index = (ids[:, :-1] == IMAGE).flatten().nonzero().squeeze(1)
-        else:
-            rows = model.encode_audio(rows)
-            index = (ids[:, :-1] == AUDIO).flatten().nonzero().squeeze(1)
-        return ids, rows, index, mask
+    def pick(self, kind: str) -> tuple[str, int]:
+        return kind, self.rng.randrange(len(self.pools[kind][0]))
 
-    def batch(self, model: Inkling, size: int):
-        return self.take(model, torch.randint(0, len(self), (size,), generator=self.gen))
+    def rows(self, kind: str, size: int, history_prob: float, max_history: int = 2) -> list[list[tuple[str, int]]]:
+        rows = []
+        for _ in range(size):
+            n = self.rng.randint(1, max_history) if self.rng.random() < history_prob else 0
+            rows.append([self.pick(self.rng.choice(self.HISTORY)) for _ in range(n)] + [self.pick(kind)])
+        return rows
+
+    def batch(self, model: Inkling, rows: list[list[tuple[str, int]]], device, extra_columns: int = 0):
+        """(ids [B, T + extra_columns] padded, media rows, their flat positions in ids, loss mask [B, T], lengths)."""
+        seqs = [torch.cat([self.pools[kind][0][i] for kind, i in row]) for row in rows]
+        lengths = torch.tensor([len(x) for x in seqs])
+        ids = torch.full((len(seqs), int(lengths.max()) + extra_columns), PAD, dtype=torch.long)
+        mask = torch.zeros((len(seqs), int(lengths.max())), dtype=torch.bool)
+        for r, seq in enumerate(seqs):
+            ids[r, :len(seq)] = seq
+            mask[r, :len(seq)] = answer_mask(seq)
+        ids, mask = ids.to(device), mask.to(device)
+        media_rows, index = [], []
+        for kind, placeholder in (("image", IMAGE), ("audio", AUDIO)):
+            items = [self.pools[k][1][i] for row in rows for k, i in row if self.pools[k][2] == kind]
+            if items:   # row-major order of the placeholders = the order of the items
+                x = torch.cat(items).to(device)
+                media_rows.append(model.encode_images(x[:, None].expand(-1, 2, -1, -1, -1)) if kind == "image"
+                                  else model.encode_audio(x))     # each image patch seen as 2 frames
+                index.append((ids == placeholder).flatten().nonzero().squeeze(1))
+        return ids, torch.cat(media_rows), torch.cat(index), mask, lengths.to(device)
+
+    def training_batch(self, model: Inkling, kind: str, size: int, history_prob: float, device):
+        ids, media_rows, index, mask, _ = self.batch(model, self.rows(kind, size, history_prob), device)
+        # losses() feeds ids[:, :-1]: keep the placeholders that fall inside it
+        width = ids.shape[1]
+        keep = index % width < width - 1
+        index = index[keep] - index[keep] // width   # flat positions in ids[:, :-1]
+        return ids, media_rows[keep], index, mask
+
+
+def text_chats(data: Path, max_tokens: int = 256) -> list[torch.Tensor]:
+    """The chat documents of the text pack (each a complete chat in the wire format) of at most
+    `max_tokens` tokens (99% of them), to keep history rows short."""
+    tokens = np.fromfile(data / "text_train.bin", dtype=np.uint16)
+    index = np.load(data / "text_index.npz")
+    return [torch.from_numpy(tokens[o:o + n].astype(np.int64))
+            for o, n, chat in zip(index["train_offsets"], index["train_lengths"], index["train_is_chat"]) if chat and n <= max_tokens]
 
 
 def fresh_images(data: Path, patch: int, count: int, seed: str, validation: bool = False):
@@ -147,20 +168,18 @@ def fresh_images(data: Path, patch: int, count: int, seed: str, validation: bool
 
 
 @torch.no_grad()
-def image_accuracy(model: Inkling, examples: Examples, labels: list[dict], tokenizer, max_tokens: int = 12) -> float:
-    """Greedy answers to validation questions (each ends at the generation prompt), scored as
+def image_accuracy(model: Inkling, chats: Chats, rows: list[list[tuple[str, int]]], labels: list[dict], tokenizer,
+                   max_tokens: int = 12) -> float:
+    """Greedy answers to validation questions (each row ends at the generation prompt), scored as
     training/evaluate.py scores the held-out set: right when the answer names the shape and the colour."""
     model.eval()
-    B = len(examples)
-    ids, rows, _, _ = examples.take(model, torch.arange(B))
-    lengths = examples.lengths.clone()
-    placeholders = (ids == IMAGE).nonzero()                     # [M, 2] (row, column), row-major like the rows
-    ids = torch.cat([ids, torch.full((B, max_tokens), PAD, device=ids.device)], dim=1)
-    index = placeholders[:, 0] * ids.shape[1] + placeholders[:, 1]
-    answers = torch.zeros((B, max_tokens), dtype=torch.long, device=ids.device)
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+    device = next(model.parameters()).device
+    ids, media_rows, index, _, lengths = chats.batch(model, rows, device, extra_columns=max_tokens)
+    B = len(rows)
+    answers = torch.zeros((B, max_tokens), dtype=torch.long, device=device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         for t in range(max_tokens):
-            _, logits = model(ids, rows, index)
+            _, logits = model(ids, media_rows, index)
             nxt = logits[torch.arange(B), lengths - 1, :model.c.unpadded_vocab_size].argmax(-1)
             ids[torch.arange(B), lengths] = nxt
             answers[:, t] = nxt
@@ -205,6 +224,8 @@ def main() -> None:
     parser.add_argument("--media-batch", type=int, default=32)
     parser.add_argument("--image-batch", type=int, help="images per step (default: --media-batch)")
     parser.add_argument("--fresh-images", type=int, default=0, help="render this many more single-shape chats")
+    parser.add_argument("--history", type=float, default=0.0,
+                        help="share of media chats that come after 1-2 earlier exchanges (text, image or audio chats)")
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--total-steps", type=int, default=10**9, help="stop after this many steps")
@@ -232,10 +253,12 @@ def main() -> None:
     if args.fresh_images:
         more_ids, more_media, _, _ = fresh_images(args.data, config.patch_size, args.fresh_images, seed=f"fresh-{step}")
         ids, media = ids + more_ids, media + more_media
-    images = Examples(ids, media, "image", args.device, seed=step + 1)
-    audio = Examples(*load_pack(args.data / "audio_train.npz", "audio", config.patch_size), "audio", args.device, seed=step + 2)
+    texts = text_chats(args.data)
     val_ids, val_media, val_labels, tokenizer = fresh_images(args.data, config.patch_size, 300, seed="validation", validation=True)
-    val_images = Examples(val_ids, val_media, "image", args.device, seed=0)
+    chats = Chats({"image": (ids, media, "image"), "audio": (*load_pack(args.data / "audio_train.npz", "audio", config.patch_size), "audio"),
+                   "text": (texts, [None] * len(texts), "text"), "val": (val_ids, val_media, "image")}, seed=step + 1)
+    val_rows = {"alone": [[("val", i)] for i in range(len(val_ids))],
+                "after_a_chat": [[chats.pick(random.Random(i).choice(Chats.HISTORY)), ("val", i)] for i in range(len(val_ids))]}
     start = time.time()
     budget = args.minutes * 60
     log = []
@@ -248,8 +271,8 @@ def main() -> None:
         with torch.autocast(args.device if args.device != "cpu" else "cpu", dtype=torch.bfloat16):
             main_loss, depth = losses(model, stream.batch(args.batch, args.device))
             loss = main_loss + MTP_WEIGHT * sum(depth)
-            image_loss, _ = losses(model, *images.batch(model, args.image_batch or args.media_batch))
-            audio_loss, _ = losses(model, *audio.batch(model, args.media_batch))
+            image_loss, _ = losses(model, *chats.training_batch(model, "image", args.image_batch or args.media_batch, args.history, args.device))
+            audio_loss, _ = losses(model, *chats.training_batch(model, "audio", args.media_batch, args.history, args.device))
             loss = loss + args.image_weight * image_loss + audio_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -263,14 +286,16 @@ def main() -> None:
                      "audio_loss": float(audio_loss), "val_loss": float(v_main),
                      "val_ppl": math.exp(float(v_main)), "val_mtp": [float(d) for d in v_depth]}
             if step % 500 == 0:
-                entry["val_image_accuracy"] = image_accuracy(model, val_images, val_labels, tokenizer)
+                entry["val_image_accuracy"] = {name: image_accuracy(model, chats, rows, val_labels, tokenizer)
+                                               for name, rows in val_rows.items()}
             log.append(entry)
             print(json.dumps(entry), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.save_state:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, args.out / "state.pt")
     model.save(args.out / "checkpoint")
-    log.append({"step": step, "final_val_image_accuracy": image_accuracy(model, val_images, val_labels, tokenizer)})
+    log.append({"step": step, "final_val_image_accuracy": {name: image_accuracy(model, chats, rows, val_labels, tokenizer)
+                                                           for name, rows in val_rows.items()}})
     print(json.dumps(log[-1]))
     with open(args.out / "log.jsonl", "a") as f:
         f.writelines(json.dumps(e) + "\n" for e in log)
