@@ -34,8 +34,8 @@ def main() -> None:
         wav = Path(tmp) / "clip.wav"
         subprocess.run(["espeak-ng", "-v", "en-gb-x-rp+f4", "-w", str(wav), SENTENCE], check=True)
         samples, rate = soundfile.read(wav)
-        soundfile.write(OUT / "kite.ogg", samples, rate, format="OGG", subtype="VORBIS")
-    print("kite.ogg:", SENTENCE)
+        soundfile.write(OUT / "kite.flac", samples, rate, format="FLAC")
+    print("kite.flac:", SENTENCE)
 
 
 if __name__ == "__main__":

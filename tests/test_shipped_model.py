@@ -40,7 +40,7 @@ def test_the_example_presets_get_right_answers():
     text, _ = _answer(engine, [{"type": "image", "path": "assets/examples/two-shapes.png"},
                                {"type": "text", "text": "What shapes and colours are in this picture?"}])
     assert all(word in text.lower() for word in ("orange", "cross", "purple", "triangle")), text
-    text, _ = _answer(engine, [{"type": "audio", "path": "assets/examples/kite.ogg"},
+    text, _ = _answer(engine, [{"type": "audio", "path": "assets/examples/kite.flac"},
                                {"type": "text", "text": "What does the speaker say?"}])
     assert "green kite" in text.lower(), text
     text, spec = _answer(engine, "Explain in a paragraph why the sky is blue.", SpecConfig("mtp", 3))

@@ -7,7 +7,9 @@ Prints one JSON object (and writes it with --out).
 - MTP with 3 drafts, greedy, on held-out story openings: mean acceptance length, per-position
   acceptance, and wall time against no speculation in the same run (outputs must be identical);
 - images: held-out rendered shapes; correct when the answer names both the shape and the colour;
-- audio: held-out sentences in voices never used in training; word accuracy = 1 - word error rate.
+  alone, and as the second picture of a conversation (after the previous one, its question and answer);
+- audio: held-out sentences in voices never used in training; word accuracy = 1 - word error rate;
+  alone, and as the second clip of a conversation.
 """
 from __future__ import annotations
 
@@ -109,7 +111,18 @@ def image_accuracy(engine, data: Path) -> dict:
                 for i, (label, a, b) in enumerate(zip(labels, ids["id_offsets"][:-1], ids["id_offsets"][1:]))]
     answers = [engine.tokenizer.decode(t).lower() for t, _ in generate(engine, requests)]
     correct = [label["shape"] in a and label["colour"] in a for label, a in zip(labels, answers)]
+    # the same images as the second picture of a conversation: after the previous held-out image, its
+    # question and the reference answer
+    picture = lambda label: {"type": "image", "path": str(data / "images" / "heldout" / label["file"])}  # noqa: E731
+    second = [Request(messages=[{"role": "user", "content": [picture(prev), {"type": "text", "text": prev["question"]}]},
+                                {"role": "model", "content": f"{'An' if prev['colour'][0] in 'aeiou' else 'A'} {prev['colour']} {prev['shape']}."},
+                                {"role": "user", "content": [picture(label), {"type": "text", "text": label["question"]}]}],
+                      request_id=f"img2-{i}", sampling=SamplingParams(max_tokens=16))
+              for i, (prev, label) in enumerate(zip(labels[-1:] + labels[:-1], labels))]
+    answers2 = [engine.tokenizer.decode(t).lower() for t, _ in generate(engine, second)]
+    correct2 = [label["shape"] in a and label["colour"] in a for label, a in zip(labels, answers2)]
     return {"images": len(labels), "accuracy": sum(correct) / len(labels),
+            "accuracy_as_second_picture": sum(correct2) / len(labels),
             "examples": [{"label": f"{label['colour']} {label['shape']}", "answer": a}
                          for label, a in list(zip(labels, answers))[:5]]}
 
@@ -140,7 +153,17 @@ def audio_accuracy(engine, data: Path) -> dict:
         hyps = [engine.tokenizer.decode(t) for t, _ in generate(engine, requests)]
         errors = sum(word_errors(words(c["text"]), words(h)) for c, h in zip(clips, hyps))
         total = sum(len(words(c["text"])) for c in clips)
+        # the same clips as the second of a conversation: after the previous clip and its transcript
+        clip = lambda c: {"type": "audio", "path": str(data / "audio" / c["file"])}  # noqa: E731
+        second = [Request(messages=[{"role": "user", "content": [clip(prev), {"type": "text", "text": prev["question"]}]},
+                                    {"role": "model", "content": prev["text"]},
+                                    {"role": "user", "content": [clip(c), {"type": "text", "text": c["question"]}]}],
+                          request_id=f"{voice}-2-{i}", sampling=SamplingParams(max_tokens=32))
+                  for i, (prev, c) in enumerate(zip(clips[-1:] + clips[:-1], clips))]
+        hyps2 = [engine.tokenizer.decode(t) for t, _ in generate(engine, second)]
+        errors2 = sum(word_errors(words(c["text"]), words(h)) for c, h in zip(clips, hyps2))
         report[voice] = {"sentences": len(clips), "word_accuracy": 1 - errors / total,
+                         "word_accuracy_as_second_clip": 1 - errors2 / total,
                          "examples": [{"said": c["text"], "heard": h} for c, h in list(zip(clips, hyps))[:4]]}
     return report
 
