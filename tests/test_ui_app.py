@@ -100,7 +100,7 @@ def long_running_job(c: Client):
         if not job.done():
             return job
         job.result()
-    pytest.fail(f"every seed in {LONG_SEEDS} ended its story before {LONG_TOKENS} tokens; lengthen LONG_PROMPT")
+    pytest.fail(f"every seed in {LONG_SEEDS} ended its story before {LONG_TOKENS} tokens; lengthen LONG_PROMPT or raise the temperature")
 
 
 def test_stop_aborts_the_answer_and_the_session_keeps_working(url):
@@ -195,7 +195,7 @@ def streaming_chat(playground, tab=None):
         for outputs in stream:
             if len(TOKEN.findall(answer(outputs))) >= LONG_TOKENS and "answer-footer" not in answer(outputs):
                 return stream
-    pytest.fail(f"every seed in {LONG_SEEDS} ended its story before {LONG_TOKENS} tokens; lengthen LONG_PROMPT")
+    pytest.fail(f"every seed in {LONG_SEEDS} ended its story before {LONG_TOKENS} tokens; lengthen LONG_PROMPT or raise the temperature")
 
 
 def test_stop_frees_every_block(playground):

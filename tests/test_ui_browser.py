@@ -133,7 +133,7 @@ def test_a_preset_fills_the_message_and_the_settings(page):
     page.get_by_role("option", name="Listen to a clip").click()
     expect(page.locator("#message textarea")).to_have_value("What does the speaker say?")
     page.locator("#message .thumbnail-wrapper").wait_for()                 # the example clip is attached
-    expect(page.locator("#spec-method input[value=ngram]")).to_be_checked()
+    expect(page.locator("#spec-method input[value=mtp]")).to_be_checked()
     answers = page.locator("#chat .msg.bot").count()
     page.locator("#message textarea").press("Enter")
     page.locator("#chat .msg.user .chip", has_text="kite.flac").wait_for()

@@ -14,7 +14,7 @@ START_TIMEOUT_S = 180
 # on; the tests try seeds in turn until an answer passes LONG_TOKENS still streaming, so a retrained
 # model needs no test change.
 LONG_PROMPT = "Tell me a long story about a dragon."
-LONG_SAMPLING = {"temperature": 1.2, "max_tokens": 3000}
+LONG_SAMPLING = {"temperature": 1.5, "max_tokens": 3000}   # hot enough that some seed writes past LONG_TOKENS
 LONG_SEEDS = range(16)
 LONG_TOKENS = 300
 
