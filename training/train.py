@@ -2,9 +2,9 @@
 
     python training/train.py --data data/pack --out runs/tiny [--minutes 8] [--resume runs/tiny/state.pt]
 
-Loss: next-token cross-entropy on every text token (chat answers, prose and stories) plus, for each MTP
-depth k, the cross-entropy of predicting token i+k+2 at position i (weight 0.3), and captions /
-transcripts after images and audio. Writes the checkpoint (bf16 shards <= 15 MB, config.json) and, with
+Loss: next-token cross-entropy on every text token (chat answers, prose and stories) and on the model's
+answers in image and audio chats (with --history, some after earlier exchanges), plus, for each MTP depth
+k, the cross-entropy of predicting token i+k+2 at position i (weight 0.3) on the same tokens. Writes the checkpoint (bf16 shards <= 15 MB, config.json) and, with
 --save-state, the weights and optimizer state to resume from.
 """
 from __future__ import annotations
@@ -271,9 +271,11 @@ def main() -> None:
         with torch.autocast(args.device if args.device != "cpu" else "cpu", dtype=torch.bfloat16):
             main_loss, depth = losses(model, stream.batch(args.batch, args.device))
             loss = main_loss + MTP_WEIGHT * sum(depth)
-            image_loss, _ = losses(model, *chats.training_batch(model, "image", args.image_batch or args.media_batch, args.history, args.device))
-            audio_loss, _ = losses(model, *chats.training_batch(model, "audio", args.media_batch, args.history, args.device))
-            loss = loss + args.image_weight * image_loss + audio_loss
+            # the MTP depths learn the answers about pictures and clips too, so they draft there as well
+            image_loss, image_depth = losses(model, *chats.training_batch(model, "image", args.image_batch or args.media_batch, args.history, args.device))
+            audio_loss, audio_depth = losses(model, *chats.training_batch(model, "audio", args.media_batch, args.history, args.device))
+            loss = (loss + args.image_weight * (image_loss + MTP_WEIGHT * sum(image_depth))
+                    + audio_loss + MTP_WEIGHT * sum(audio_depth))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -283,7 +285,8 @@ def main() -> None:
             with torch.no_grad(), torch.autocast(args.device if args.device != "cpu" else "cpu", dtype=torch.bfloat16):
                 v_main, v_depth = losses(model, val.batch(args.batch, args.device))
             entry = {"step": step, "minutes": round((time.time() - start) / 60, 2), "lr": lr, "loss": float(main_loss), "image_loss": float(image_loss),
-                     "audio_loss": float(audio_loss), "val_loss": float(v_main),
+                     "audio_loss": float(audio_loss), "image_mtp": [float(d) for d in image_depth],
+                     "audio_mtp": [float(d) for d in audio_depth], "val_loss": float(v_main),
                      "val_ppl": math.exp(float(v_main)), "val_mtp": [float(d) for d in v_depth]}
             if step % 500 == 0:
                 entry["val_image_accuracy"] = {name: image_accuracy(model, chats, rows, val_labels, tokenizer)
