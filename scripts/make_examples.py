@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import build_data  # noqa: E402
 
 OUT = ROOT / "assets" / "examples"
-SENTENCE = "Please give me the green kite."
+SENTENCE = "Thank you for the red hat."
 
 
 def main() -> None:
@@ -34,8 +34,8 @@ def main() -> None:
         wav = Path(tmp) / "clip.wav"
         subprocess.run(["espeak-ng", "-v", "en-gb-x-rp+f4", "-w", str(wav), SENTENCE], check=True)
         samples, rate = soundfile.read(wav)
-        soundfile.write(OUT / "kite.flac", samples, rate, format="FLAC")
-    print("kite.flac:", SENTENCE)
+        soundfile.write(OUT / "hat.flac", samples, rate, format="FLAC")
+    print("hat.flac:", SENTENCE)
 
 
 if __name__ == "__main__":

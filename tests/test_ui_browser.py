@@ -136,7 +136,7 @@ def test_a_preset_fills_the_message_and_the_settings(page):
     expect(page.locator("#spec-method input[value=mtp]")).to_be_checked()
     answers = page.locator("#chat .msg.bot").count()
     page.locator("#message textarea").press("Enter")
-    page.locator("#chat .msg.user .chip", has_text="kite.flac").wait_for()
+    page.locator("#chat .msg.user .chip", has_text="hat.flac").wait_for()
     page.locator(f"#chat .msg.bot >> nth={answers}").locator(".answer-footer, .notice").wait_for()
     shot(page, "9_preset_audio")
 

@@ -6,6 +6,7 @@ Prints one JSON object (and writes it with --out).
 - perplexity on held-out prose and stories (transformers' InklingForConditionalGeneration, fp32);
 - MTP with 3 drafts, greedy, on held-out story openings: mean acceptance length, per-position
   acceptance, and wall time against no speculation in the same run (outputs must be identical);
+  and the mean acceptance length on answers about held-out pictures and clips;
 - images: held-out rendered shapes; correct when the answer names both the shape and the colour;
   alone, and as the second picture of a conversation (after the previous one, its question and answer);
 - audio: held-out sentences in voices never used in training; word accuracy = 1 - word error rate;
@@ -168,6 +169,26 @@ def audio_accuracy(engine, data: Path) -> dict:
     return report
 
 
+def media_mtp_acceptance(engine, data: Path, count: int = 100) -> dict:
+    """MTP with 3 drafts, greedy, on answers about held-out pictures and clips (the unseen espeak-ng voice)."""
+    labels = [json.loads(line) for line in (data / "images" / "heldout.jsonl").read_text().splitlines()][:count]
+    listing = next((data / "audio").glob("heldout_espeak*.jsonl"))
+    clips = [json.loads(line) for line in listing.read_text().splitlines()][:count]
+    asks = {"images": [({"type": "image", "path": str(data / "images" / "heldout" / label["file"])}, "Describe the image.")
+                       for label in labels],
+            "audio": [({"type": "audio", "path": str(data / "audio" / clip["file"])}, clip["question"]) for clip in clips]}
+    report = {}
+    for name, items in asks.items():
+        requests = [Request(messages=[{"role": "user", "content": [media, {"type": "text", "text": question}]}],
+                            request_id=f"mtp-{name}-{i}", spec=SpecConfig("mtp", 3), sampling=SamplingParams(max_tokens=32))
+                    for i, (media, question) in enumerate(items)]
+        finished = [f for _, f in generate(engine, requests)]
+        accepted = sum(f.spec_summary["num_accepted_tokens"] for f in finished)
+        drafts = sum(f.spec_summary["num_drafts"] for f in finished)
+        report[name] = {"answers": len(finished), "mean_acceptance_length": 1 + accepted / drafts}
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, default=Path("assets/inkling-tiny"))
@@ -180,6 +201,7 @@ def main() -> None:
     report = {"model": str(args.model), "machine": "CPU, torch " + torch.__version__,
               "perplexity": perplexity(args.model, args.data / "pack", args.ppl_documents),
               "speculation": mtp_acceptance(engine, args.data / "pack", args.story_prompts, 96),
+              "speculation_on_media_answers": media_mtp_acceptance(engine, args.data),
               "images": image_accuracy(engine, args.data),
               "audio": audio_accuracy(engine, args.data)}
     engine.close()
