@@ -25,8 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", default="native", choices=["native"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--spec", default="none", choices=["none", "mtp", "ngram"],
-                        help="speculation the page starts with (and the engine's default); changeable per message")
+    parser.add_argument("--spec", default="auto", choices=["auto", "none", "mtp", "ngram"],
+                        help="speculation the page starts with (and the engine's default); changeable per message. "
+                             "auto (default): mtp when the model has MTP heads, else none")
     parser.add_argument("--num-spec-tokens", type=int, default=3, choices=range(1, 9), metavar="1..8")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=7860)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay_only:
         hub.no_engine("started with --replay-only")
     else:
-        spec = SpecConfig(args.spec, args.num_spec_tokens)
+        spec = None if args.spec == "auto" else SpecConfig(args.spec, args.num_spec_tokens)
         hub.load_in_background(lambda: load_engine(args.model, backend=args.backend, device=args.device,
                                                    dtype=args.dtype, spec=spec))
     demo = Playground(hub, spec_method=args.spec, num_spec_tokens=args.num_spec_tokens).build()

@@ -42,7 +42,8 @@ class Playground:
                  num_spec_tokens: int = 3):
         self.hub = hub
         self.presets = load_presets() if presets is None else presets
-        self.spec_default = (spec_method, num_spec_tokens)       # the page's initial speculation setting
+        # the page's initial speculation setting; "auto" becomes mtp once the engine says it has MTP heads
+        self.spec_default = (spec_method, num_spec_tokens)
         self.export_dir = Path(tempfile.mkdtemp(prefix="traces-", dir=gr.utils.get_upload_folder()))
 
     # ---------------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ class Playground:
                                        waveform_options=gr.WaveformOptions(sample_rate=16000))
                         stop = gr.Button("■ Stop", variant="stop", elem_id="stop", min_width=90, scale=1)
                     with gr.Row(equal_height=True):
-                        spec_method = gr.Radio(SPEC_METHODS, value=self.spec_default[0], label="Speculation", scale=3,
+                        spec_method = gr.Radio(SPEC_METHODS, value=self._initial_spec_method(SPEC_METHODS), label="Speculation", scale=3,
                                                elem_id="spec-method",
                                                info="temperature, seed, max tokens…: the › sidebar, top left")
                         num_spec = gr.Slider(1, 8, value=self.spec_default[1], step=1, label="Drafts per step", scale=2,
@@ -344,8 +345,15 @@ class Playground:
 
     def _ready_updates(self):
         methods = [m for m in SPEC_METHODS if m in self.hub.capabilities.get("spec_methods", SPEC_METHODS)]
-        return (self._status_html(), gr.Radio(choices=methods), gr.Dropdown(choices=self._spec_choices()),
+        radio = gr.Radio(choices=methods, value=self._initial_spec_method(methods)) if self.spec_default[0] == "auto" \
+            else gr.Radio(choices=methods)
+        return (self._status_html(), radio, gr.Dropdown(choices=self._spec_choices()),
                 gr.Dropdown(choices=self._spec_choices()), self._about_html())
+
+    def _initial_spec_method(self, methods) -> str:
+        if self.spec_default[0] != "auto":
+            return self.spec_default[0]
+        return "mtp" if "mtp" in methods and self.hub.status == "ready" else "none"
 
     def on_unload(self, request: gr.Request = None):
         if request is not None:
