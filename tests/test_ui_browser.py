@@ -97,8 +97,14 @@ def test_watch_tokens_and_plots_stream_then_stop(page):
     assert num_tokens(page) > first_tokens                    # tokens keep arriving
     assert plotted_points(page, "live-plot") > first_points   # and the plots move while they stream
     shot(page, "4_streaming")
+    assert page.locator("#chat .live-caret").count() == 1           # the answer shows it is still coming
+    red = page.locator("#stop").evaluate("e => getComputedStyle(e).backgroundColor")
     page.locator("#stop").click()
     page.locator("#chat .answer-footer", has_text="stopped").wait_for(timeout=30_000)
+    assert page.locator("#chat .live-caret").count() == 0
+    page.mouse.move(0, 0)                                            # off the button: no hover colour
+    page.wait_for_function(f"getComputedStyle(document.querySelector('#stop')).backgroundColor != '{red}'",
+                           timeout=5_000)                            # Stop quiet again (after its transition)
     footer = page.locator("#chat .answer-footer").last.inner_text()
     assert int(re.search(r"(\d+) tokens", footer).group(1)) < LONG_SAMPLING["max_tokens"]
     page.locator("#message textarea:not([disabled])").wait_for()   # ready for the next message

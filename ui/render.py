@@ -124,6 +124,8 @@ def conversation_html(turns: list, pending: str | None = None) -> str:
             reply = reply_html(turn.events, turn.settings, turn.sent_at, turn.notice)
         if pending and turn is turns[-1]:
             reply = f'<div class="pending"><span class="spinner"></span> {escape(pending)}</div>'
+        elif not turn.is_done and turn.steps:
+            reply += '<span class="live-caret">▌</span>'    # still streaming (the page's Stop turns red)
         parts.append(f'<div class="msg bot">{reply}</div>')
     return f'<div class="conv"><div class="conv-inner">{"".join(parts)}</div></div>'
 
