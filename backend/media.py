@@ -55,25 +55,30 @@ def image_tokens(height: int, width: int, patch_size: int = 40) -> int:
     return math.ceil(height / patch_size) * (width // patch_size + 1)
 
 
+def _path_or_bytes(source, kind: str, fix: str) -> Path | bytes:
+    """A path that names a non-empty file, or non-empty bytes; otherwise a MediaError ending in `fix`."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise MediaError(f"No {kind} file at {str(path)!r}; {fix}.")
+        if path.stat().st_size == 0:
+            raise MediaError(f"The {kind} file is empty (0 bytes); {fix}.")
+        return path
+    if len(source) == 0:
+        raise MediaError(f"The {kind} file is empty (0 bytes); {fix}.")
+    return bytes(source)
+
+
 def _open_image(source) -> Image.Image:
     """Open lazily (header only) from a path, bytes or PIL image, allowing only IMAGE_FORMATS."""
     if isinstance(source, Image.Image):
         if source.format is not None and source.format not in IMAGE_FORMATS + ("MPO",):
             raise MediaError(f"{source.format} images are not supported; use {', '.join(IMAGE_FORMATS)}.")
         return source
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise MediaError(f"No image file at {str(path)!r}; upload the image again.")
-        if path.stat().st_size == 0:
-            raise MediaError("The image file is empty (0 bytes); upload the image again.")
-        fp = path
-    elif isinstance(source, (bytes, bytearray, memoryview)):
-        if len(source) == 0:
-            raise MediaError("The image file is empty (0 bytes); upload the image again.")
-        fp = io.BytesIO(bytes(source))
-    else:
+    if not isinstance(source, (str, Path, bytes, bytearray, memoryview)):
         raise MediaError(f"Cannot read an image from a {type(source).__name__}; pass a path, bytes or a PIL image.")
+    found = _path_or_bytes(source, "image", "upload the image again")
+    fp = found if isinstance(found, Path) else io.BytesIO(found)
     try:
         # formats= makes Pillow try only these decoders, whatever the file name says
         return Image.open(fp, formats=list(IMAGE_FORMATS))
@@ -248,18 +253,8 @@ def _read_audio_file(source, max_seconds: float) -> tuple[np.ndarray, int]:
     """Path or bytes -> ([n, channels] float64 in [-1, 1], sample rate), length checked from the header."""
     import soundfile as sf  # only needed for files
 
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise MediaError(f"No audio file at {str(path)!r}; upload the clip again.")
-        if path.stat().st_size == 0:
-            raise MediaError("The audio file is empty (0 bytes); record or upload the clip again.")
-        opener = lambda: str(path)  # noqa: E731
-    else:
-        if len(source) == 0:
-            raise MediaError("The audio file is empty (0 bytes); record or upload the clip again.")
-        data = bytes(source)
-        opener = lambda: io.BytesIO(data)  # noqa: E731
+    found = _path_or_bytes(source, "audio", "record or upload the clip again")
+    opener = (lambda: str(found)) if isinstance(found, Path) else (lambda: io.BytesIO(found))
     try:
         info = sf.info(opener())  # header only
     except RuntimeError as exc:  # soundfile's LibsndfileError

@@ -167,11 +167,16 @@ def test_bad_image_files(tmp_path, case):
     else:
         path = tmp_path / "nope.png"
         expect = "No image file"
+    assert_refused(load_image, path, expect)
+
+
+def assert_refused(load, path, expect: str) -> None:
+    """`load` refuses the file with a message matching `expect`, given its path and (if it exists) its bytes."""
     with pytest.raises(MediaError, match=expect):
-        load_image(path)
+        load(path)
     if path.exists():
         with pytest.raises(MediaError, match=expect):
-            load_image(path.read_bytes())
+            load(path.read_bytes())
 
 
 def test_huge_image_refused_before_decoding(monkeypatch):
@@ -353,11 +358,7 @@ def test_bad_audio_files(tmp_path, case):
     else:
         path = tmp_path / "nope.wav"
         expect = "No audio file"
-    with pytest.raises(MediaError, match=expect):
-        load_audio(path)
-    if path.exists():
-        with pytest.raises(MediaError, match=expect):
-            load_audio(path.read_bytes())
+    assert_refused(load_audio, path, expect)
 
 
 def test_empty_wav_with_a_header(tmp_path):
