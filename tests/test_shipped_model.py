@@ -2,7 +2,8 @@
 import torch
 from conftest import run_engine
 
-from backend import Request, SamplingParams, load_engine
+from backend import Request, SamplingParams, SpecConfig, load_engine
+from backend.events import Finished
 
 TINY = "assets/inkling-tiny"
 
@@ -23,10 +24,8 @@ def test_shipped_model_greedy_output_equals_transformers():
 
 
 def _answer(engine, content, spec=None) -> tuple[str, dict]:
-    from backend import SpecConfig
     request = Request(messages=[{"role": "user", "content": content}], sampling=SamplingParams(max_tokens=48),
                       spec=spec or SpecConfig("none"))
-    from backend.events import Finished
     tokens, events = run_engine(engine, [request])[request.request_id]
     finished = next(e for e in events if isinstance(e, Finished))
     return engine.tokenizer.decode(tokens), finished.spec_summary
@@ -35,7 +34,6 @@ def _answer(engine, content, spec=None) -> tuple[str, dict]:
 def test_the_example_presets_get_right_answers():
     """What a new user tries first: the example picture, the example clip (a voice held out from
     training) and MTP speculation on the explanation preset."""
-    from backend import SpecConfig
     engine = load_engine(TINY)
     text, _ = _answer(engine, [{"type": "image", "path": "assets/examples/two-shapes.png"},
                                {"type": "text", "text": "What shapes and colours are in this picture?"}])

@@ -103,6 +103,16 @@ def strip(ids: np.ndarray, placeholder: int) -> list[int]:
     return [int(t) for t in ids if t != placeholder]
 
 
+def as_second_turn(items: list[dict], media_part, answers: list[str], max_tokens: int, name: str) -> list[Request]:
+    """Each held-out item asked after the previous one (its media, question and reference answer) in one chat."""
+    def ask(item):
+        return {"role": "user", "content": [media_part(item), {"type": "text", "text": item["question"]}]}
+    previous = zip(items[-1:] + items[:-1], answers[-1:] + answers[:-1])
+    return [Request(messages=[ask(prev), {"role": "model", "content": answer}, ask(item)], request_id=f"{name}-{i}",
+                    sampling=SamplingParams(max_tokens=max_tokens))
+            for i, ((prev, answer), item) in enumerate(zip(previous, items))]
+
+
 def image_accuracy(engine, data: Path) -> dict:
     labels = [json.loads(line) for line in (data / "images" / "heldout.jsonl").read_text().splitlines()]
     ids = np.load(data / "pack" / "images_heldout.npz")
@@ -112,14 +122,9 @@ def image_accuracy(engine, data: Path) -> dict:
                 for i, (label, a, b) in enumerate(zip(labels, ids["id_offsets"][:-1], ids["id_offsets"][1:]))]
     answers = [engine.tokenizer.decode(t).lower() for t, _ in generate(engine, requests)]
     correct = [label["shape"] in a and label["colour"] in a for label, a in zip(labels, answers)]
-    # the same images as the second picture of a conversation: after the previous held-out image, its
-    # question and the reference answer
+    # the same images as the second picture of a conversation
     picture = lambda label: {"type": "image", "path": str(data / "images" / "heldout" / label["file"])}  # noqa: E731
-    second = [Request(messages=[{"role": "user", "content": [picture(prev), {"type": "text", "text": prev["question"]}]},
-                                {"role": "model", "content": f"{'An' if prev['colour'][0] in 'aeiou' else 'A'} {prev['colour']} {prev['shape']}."},
-                                {"role": "user", "content": [picture(label), {"type": "text", "text": label["question"]}]}],
-                      request_id=f"img2-{i}", sampling=SamplingParams(max_tokens=16))
-              for i, (prev, label) in enumerate(zip(labels[-1:] + labels[:-1], labels))]
+    second = as_second_turn(labels, picture, [str(a) for a in ids["answers"]], 16, "img2")
     answers2 = [engine.tokenizer.decode(t).lower() for t, _ in generate(engine, second)]
     correct2 = [label["shape"] in a and label["colour"] in a for label, a in zip(labels, answers2)]
     return {"images": len(labels), "accuracy": sum(correct) / len(labels),
@@ -154,13 +159,9 @@ def audio_accuracy(engine, data: Path) -> dict:
         hyps = [engine.tokenizer.decode(t) for t, _ in generate(engine, requests)]
         errors = sum(word_errors(words(c["text"]), words(h)) for c, h in zip(clips, hyps))
         total = sum(len(words(c["text"])) for c in clips)
-        # the same clips as the second of a conversation: after the previous clip and its transcript
+        # the same clips as the second of a conversation
         clip = lambda c: {"type": "audio", "path": str(data / "audio" / c["file"])}  # noqa: E731
-        second = [Request(messages=[{"role": "user", "content": [clip(prev), {"type": "text", "text": prev["question"]}]},
-                                    {"role": "model", "content": prev["text"]},
-                                    {"role": "user", "content": [clip(c), {"type": "text", "text": c["question"]}]}],
-                          request_id=f"{voice}-2-{i}", sampling=SamplingParams(max_tokens=32))
-                  for i, (prev, c) in enumerate(zip(clips[-1:] + clips[:-1], clips))]
+        second = as_second_turn(clips, clip, [c["text"] for c in clips], 32, f"{voice}-2")
         hyps2 = [engine.tokenizer.decode(t) for t, _ in generate(engine, second)]
         errors2 = sum(word_errors(words(c["text"]), words(h)) for c, h in zip(clips, hyps2))
         report[voice] = {"sentences": len(clips), "word_accuracy": 1 - errors / total,

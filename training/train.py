@@ -150,8 +150,7 @@ def fresh_images(data: Path, patch: int, count: int, seed: str, validation: bool
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import build_data
     from backend.tokenizer import ChatTokenizer
-    from tokenizers import Tokenizer
-    tokenizer = ChatTokenizer(Tokenizer.from_file(str(data / "tokenizer.json")))
+    tokenizer = ChatTokenizer.from_model_dir(data)
     held = np.load(data / "images_heldout.npz")
     pixels, offsets = held["pixels"], held["pixel_offsets"]
     exclude = {pixels[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:])}
