@@ -8,6 +8,7 @@ admission.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -104,7 +105,9 @@ class PromptBuilder:
                 else:
                     f = load_audio(source, max_seconds=self.max_audio_seconds)
             except MediaError as exc:
-                raise RequestError(f"{kind.capitalize()} {number}: {exc}") from exc
+                # numbered across the whole conversation, so name the file too when there is one
+                name = f" ({Path(source).name})" if isinstance(source, (str, Path)) else ""
+                raise RequestError(f"{kind.capitalize()} {number}{name}: {exc}") from exc
             features.append((kind, f))
         return features
 

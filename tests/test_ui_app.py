@@ -118,8 +118,8 @@ def test_stop_aborts_the_answer_and_the_session_keeps_working(url):
 @pytest.mark.parametrize("make_file, phrase", [
     (None, "The message is empty"),
     (lambda d: (d / "notes.txt", b"plain text"), "notes.txt is not a file this playground reads"),
-    (lambda d: (d / "broken.png", b"\x89PNG\r\n\x1a\n" + b"\x00garbage" * 50), "Image 1"),
-    (lambda d: (d / "noise.wav", b"RIFF\x00\x00\x00\x00WAVEfmt garbage"), "Audio 1"),
+    (lambda d: (d / "broken.png", b"\x89PNG\r\n\x1a\n" + b"\x00garbage" * 50), "Image 1 (broken.png)"),
+    (lambda d: (d / "noise.wav", b"RIFF\x00\x00\x00\x00WAVEfmt garbage"), "Audio 1 (noise.wav)"),
 ])
 def test_bad_input_reads_as_a_sentence_and_the_app_keeps_working(url, tmp_path, make_file, phrase):
     c, other = client(url), client(url)
